@@ -1,0 +1,1 @@
+"""The pod agent: probes, verdicts, lease renewal, checkpoint shipping, restore, staging."""

@@ -1,0 +1,1 @@
+"""The TrainingRun API (trainguard.dev/v1alpha1): pydantic models, the CRD's single source."""

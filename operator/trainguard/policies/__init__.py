@@ -1,0 +1,1 @@
+"""Pure policies: placement guard, escalation ladder, restart backoff, repeated-failure rule."""

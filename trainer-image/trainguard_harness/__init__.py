@@ -1,0 +1,1 @@
+"""The trainer harness: verified asynchronous checkpoints, heartbeat, supervisor, reference trainer."""
