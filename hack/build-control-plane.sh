@@ -65,4 +65,19 @@ for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
   build "$c" "$KUBE_VERSION" kubernetes "k8s.io/kubernetes/cmd/$c" "$kube_ldflags"
 done
 
+# kwok v0.8 has no built-in stages: take the stock node and pod stages from the kwok
+# module that was just downloaded, so the cluster uses exactly the pinned version's YAML.
+stages="$cache/kwok-stages-$KWOK_VERSION"
+if [[ ! -f "$stages/.complete" ]]; then
+  kwok_dir="$(cd "$repo/hack/tools/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+  rm -rf "$stages" && mkdir -p "$stages"
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+           node/chaos/node-not-ready.yaml pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml \
+           pod/fast/pod-delete.yaml; do
+    cp "$kwok_dir/kustomize/stage/$f" "$stages/$(basename "$f")"
+  done
+  touch "$stages/.complete"
+  log "kwok stages copied to $stages"
+fi
+
 echo "$bin"

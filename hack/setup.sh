@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Sets up everything trainguard's demo and tests need on a fresh machine, reusing what is
+# already there: a virtualenv in .venv with the project (dev + trainer extras) and the
+# control-plane binaries built from the pinned Go modules (hack/build-control-plane.sh).
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+python="${PYTHON:-python3}"
+"$python" - <<'PY' || { log "Python >= 3.11 is required (set PYTHON=...)"; exit 1; }
+import sys
+sys.exit(0 if sys.version_info >= (3, 11) else 1)
+PY
+
+if [[ ! -x .venv/bin/python ]]; then
+  log "creating .venv"
+  "$python" -m venv .venv
+fi
+# The constraints pin torch to the version the harness is tested with.
+stamp=.venv/.trainguard-installed
+want="$(cat pyproject.toml hack/constraints.txt | sha256sum | cut -c1-16)"
+if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
+  log "installing Python dependencies (torch is large on a fresh machine)"
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -c hack/constraints.txt -e '.[dev,trainer]'
+  echo "$want" > "$stamp"
+else
+  log "Python dependencies: up to date"
+fi
+
+bash hack/build-control-plane.sh >/dev/null
+log "control-plane binaries: $(ls .cache/bin | grep -c -- '-v') cached in .cache/bin"

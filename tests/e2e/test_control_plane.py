@@ -1,0 +1,224 @@
+"""The local control plane is a real one: scheduling, garbage collection, RBAC, versions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.devcluster import nodes as node_manifests
+from trainguard.devcluster.cluster import Cluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+KUBE_VERSION = "v1.36.3"
+
+
+def _get(cluster: Cluster, *args: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+    return data
+
+
+def _eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        time.sleep(0.3)
+
+
+def _gpu_pod(name: str, gpus: int = 1, storage: str | None = None, **spec: Any) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": str(gpus)}
+    requests: dict[str, str] = {}
+    if storage:
+        requests["ephemeral-storage"] = storage
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "example.invalid/trainer:1",
+                    "resources": {"limits": limits, "requests": requests},
+                }
+            ],
+            # kwok nodes carry this taint-free; tolerate kwok's own taint should it add one.
+            "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+            **spec,
+        },
+    }
+
+
+def _create(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> None:
+    cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(manifest))
+
+
+@pytest.fixture
+def private_nodes(cluster: Cluster) -> Iterator[tuple[str, list[str]]]:
+    """Three GPU nodes of this test's own (a unique label), deleted afterwards."""
+    pool = f"pool-{uuid.uuid4().hex[:6]}"
+    names = [f"{pool}-{i}" for i in range(3)]
+    for name in names:
+        node = node_manifests.gpu_node(name, gpus=2)
+        node["metadata"]["labels"]["trainguard.dev/test-pool"] = pool
+        cluster.kubectl("create", "-f", "-", input=json.dumps(node))
+    yield pool, names
+    cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
+
+
+def test_gpu_pod_is_scheduled_and_runs(cluster: Cluster, namespace: str) -> None:
+    _create(cluster, namespace, _gpu_pod("gpu-pod"))
+
+    def running() -> dict[str, Any] | None:
+        pod = _get(cluster, "-n", namespace, "pod", "gpu-pod")
+        return pod if pod["status"].get("phase") == "Running" else None
+
+    pod = _eventually(running, what="pod Running")
+    node = _get(cluster, "node", pod["spec"]["nodeName"])
+    assert node["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"
+    assert int(node["status"]["allocatable"]["nvidia.com/gpu"]) >= 1
+
+
+def test_scheduler_honours_taints(
+    cluster: Cluster, namespace: str, private_nodes: tuple[str, list[str]]
+) -> None:
+    pool, names = private_nodes
+    _eventually(
+        lambda: (
+            set(names)
+            <= {
+                n["metadata"]["name"]
+                for n in _get(cluster, "nodes", "-l", f"trainguard.dev/test-pool={pool}")["items"]
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in n["status"].get("conditions", [])
+                )
+            }
+        ),
+        what="private nodes Ready",
+    )
+    untainted = names[1]
+    for name in names:
+        if name != untainted:
+            cluster.kubectl("taint", "node", name, "trainguard.dev/unhealthy=Test:NoSchedule")
+    selector = {"nodeSelector": {"trainguard.dev/test-pool": pool}}
+    for i in range(3):
+        _create(cluster, namespace, _gpu_pod(f"tainted-{i}", **selector))
+    for i in range(3):
+        pod = _eventually(
+            lambda i=i: _get(cluster, "-n", namespace, "pod", f"tainted-{i}")["spec"].get(
+                "nodeName"
+            ),
+            what=f"pod tainted-{i} bound",
+        )
+        assert pod == untainted
+
+
+def test_unschedulable_storage_reason_is_readable(cluster: Cluster, namespace: str) -> None:
+    _create(cluster, namespace, _gpu_pod("too-big", storage="100Ti"))
+
+    def unschedulable() -> dict[str, Any] | None:
+        pod = _get(cluster, "-n", namespace, "pod", "too-big")
+        for cond in pod["status"].get("conditions", []):
+            if cond["type"] == "PodScheduled" and cond["status"] == "False":
+                return dict(cond)
+        return None
+
+    cond = _eventually(unschedulable, what="PodScheduled=False")
+    assert cond["reason"] == "Unschedulable"
+    assert "Insufficient ephemeral-storage" in cond["message"]
+    time.sleep(2)
+    pod = _get(cluster, "-n", namespace, "pod", "too-big")
+    assert pod["status"]["phase"] == "Pending"
+    assert not pod["spec"].get("nodeName")
+
+
+def test_garbage_collector_removes_owned_children(cluster: Cluster, namespace: str) -> None:
+    cluster.kubectl("-n", namespace, "create", "configmap", "owner", "--from-literal=a=b")
+    owner_uid = _get(cluster, "-n", namespace, "configmap", "owner")["metadata"]["uid"]
+    child = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "child",
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner_uid}
+            ],
+        },
+        "data": {"x": "y"},
+    }
+    _create(cluster, namespace, child)
+    cluster.kubectl("-n", namespace, "delete", "configmap", "owner")
+
+    def child_gone() -> bool:
+        result = cluster.kubectl("-n", namespace, "get", "configmap", "child", check=False)
+        return result.returncode != 0 and "NotFound" in result.stderr
+
+    _eventually(child_gone, what="child garbage-collected")
+
+
+def test_rbac_denies_outside_the_role(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+    cluster.kubectl("-n", namespace, "create", "serviceaccount", "narrow")
+    cluster.kubectl(
+        "-n", namespace, "create", "role", "read-configmaps", "--verb=get,list",
+        "--resource=configmaps",
+    )  # fmt: skip
+    cluster.kubectl(
+        "-n", namespace, "create", "rolebinding", "narrow", "--role=read-configmaps",
+        f"--serviceaccount={namespace}:narrow",
+    )  # fmt: skip
+    token = cluster.kubectl("-n", namespace, "create", "token", "narrow").stdout.strip()
+    # A kubeconfig holding only the token: the admin client certificate must not be sent.
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "c",
+                "cluster": {
+                    "server": cluster.server,
+                    "certificate-authority": str(cluster.pki.ca_cert),
+                },
+            }
+        ],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "sa"}}],
+        "current-context": "c",
+    }
+    sa_kubeconfig = tmp_path / "sa-kubeconfig"
+    sa_kubeconfig.write_text(json.dumps(config))
+
+    def can(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(sa_kubeconfig)]
+        return subprocess.run(
+            [*argv, "-n", namespace, *args], capture_output=True, text=True, timeout=30, check=False
+        )
+
+    allowed = _eventually(
+        lambda: (r := can("get", "configmaps")) and r.returncode == 0 and r,
+        what="role binding effective",
+    )
+    assert allowed.returncode == 0
+    for args in (("get", "secrets"), ("get", "pods"), ("create", "configmap", "x")):
+        denied = can(*args)
+        assert denied.returncode != 0
+        assert "Forbidden" in denied.stderr, denied.stderr
+    other = can("get", "configmaps", "--namespace", "kube-system")
+    assert "Forbidden" in other.stderr
+
+
+def test_server_reports_its_built_version(cluster: Cluster) -> None:
+    version = json.loads(cluster.kubectl("version", "-o", "json").stdout)
+    assert version["serverVersion"]["gitVersion"] == KUBE_VERSION
+    assert version["clientVersion"]["gitVersion"] == KUBE_VERSION
