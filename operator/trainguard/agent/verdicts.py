@@ -1,0 +1,162 @@
+"""The verdict classifier: signals in, one verdict with its evidence out (pure).
+
+Liveness is judged by *absence*: a trainer process that is gone, GPU memory that the driver
+says was released, a step that stopped advancing. Log age is only ever a slowness signal: a
+quiet log proves nothing about death. The order of the checks below is the order of
+severity; the first that holds wins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+HEALTHY = "Healthy"
+SLOW = "Slow"
+HUNG = "Hung"
+DEAD = "Dead"
+GHOST_MEMORY = "GhostMemory"
+IO_STUCK = "IOStuck"
+UNKNOWN = "Unknown"  # nothing to judge yet (trainer not started)
+
+VERDICTS = (HEALTHY, SLOW, HUNG, DEAD, GHOST_MEMORY, IO_STUCK, UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Bounds from the TrainingRun's `spec.monitor` (defaults as in the API)."""
+
+    hang_after_s: float = 300.0
+    slow_after_s: float = 120.0
+    io_stuck_after_s: float = 60.0
+    min_tokens_per_s: float = 0.0
+    ghost_mib: float = 2048.0
+    ghost_ratio: float = 1.5
+    release_after_death_s: float = 10.0
+    expected_processes: int = 1
+    # GPU memory at or below this counts as "released" (driver and CUDA context overhead).
+    released_mib: float = 512.0
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the agent observed at one moment (times in seconds).
+
+    `trainer_seen` says whether a training process has ever run in this pod; before it, there
+    is nothing to judge. GPU fields are None when no probe reading is available.
+    """
+
+    trainer_seen: bool
+    process_alive: bool
+    process_state: str | None = None  # /proc state letter: R, S, D, T, Z
+    process_count: int = 0
+    seconds_since_death: float | None = None
+    seconds_in_d_state: float = 0.0
+    step: int | None = None
+    seconds_since_step_advanced: float = 0.0
+    phase: str | None = None  # the harness's phase: training, saving, loading
+    tokens_per_s: float | None = None
+    framework_reserved_mib: float | None = None
+    gpu_used_mib: float | None = None
+    gpu_processes: int | None = None
+    log_age_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A verdict and the evidence that led to it (short `key=value` strings)."""
+
+    name: str
+    reason: str
+    evidence: dict[str, str] = field(default_factory=dict)
+
+
+def _fmt(value: float | int | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
+
+
+def classify(s: Signals, t: Thresholds) -> Verdict:
+    """Classify the signals into one verdict."""
+    evidence = {
+        "alive": str(s.process_alive).lower(),
+        "state": s.process_state or "-",
+        "procs": _fmt(s.process_count),
+        "step": _fmt(s.step),
+        "frozen_s": _fmt(s.seconds_since_step_advanced),
+        "gpu_used_mib": _fmt(s.gpu_used_mib),
+        "gpu_procs": _fmt(s.gpu_processes),
+        "fw_reserved_mib": _fmt(s.framework_reserved_mib),
+    }
+    if not s.trainer_seen:
+        return Verdict(UNKNOWN, "trainer process not started yet", evidence)
+
+    gpu_known = s.gpu_used_mib is not None
+    if not s.process_alive or s.process_state == "Z":
+        held = gpu_known and (s.gpu_used_mib or 0.0) > t.released_mib
+        since = s.seconds_since_death or 0.0
+        if held and since >= t.release_after_death_s:
+            return Verdict(
+                GHOST_MEMORY,
+                f"trainer gone {since:.0f}s but the driver still reports "
+                f"{s.gpu_used_mib:.0f} MiB used: memory not released after death",
+                evidence,
+            )
+        return Verdict(DEAD, "trainer process absent", evidence)
+
+    if s.process_state == "D" and s.seconds_in_d_state >= t.io_stuck_after_s:
+        return Verdict(
+            IO_STUCK,
+            f"trainer in uninterruptible I/O (D) for {s.seconds_in_d_state:.0f}s",
+            evidence,
+        )
+
+    if s.process_count > t.expected_processes or (
+        s.gpu_processes is not None and s.gpu_processes > t.expected_processes
+    ):
+        return Verdict(
+            GHOST_MEMORY,
+            f"{max(s.process_count, s.gpu_processes or 0)} trainer processes where "
+            f"{t.expected_processes} expected",
+            evidence,
+        )
+
+    if gpu_known and s.framework_reserved_mib is not None:
+        used = s.gpu_used_mib or 0.0
+        reserved = s.framework_reserved_mib
+        if used - reserved > t.ghost_mib and used > t.ghost_ratio * max(reserved, 1.0):
+            return Verdict(
+                GHOST_MEMORY,
+                f"driver reports {used:.0f} MiB used, framework holds {reserved:.0f} MiB: "
+                f"{used - reserved:.0f} MiB unaccounted for",
+                evidence,
+            )
+
+    frozen = s.seconds_since_step_advanced >= t.hang_after_s
+    if (
+        gpu_known
+        and (s.gpu_used_mib or 0.0) <= t.released_mib
+        and (s.framework_reserved_mib or 0.0) > t.released_mib
+        and frozen
+    ):
+        return Verdict(DEAD, "GPU memory of the run dropped to ~0 with the step frozen", evidence)
+
+    if frozen or s.process_state == "T":
+        if s.process_state == "T" and not frozen:
+            # Stopped by a signal: not hung yet, but it cannot advance either.
+            return Verdict(SLOW, "trainer stopped (T state)", evidence)
+        return Verdict(
+            HUNG,
+            f"step frozen for {s.seconds_since_step_advanced:.0f}s (bound {t.hang_after_s:.0f}s)",
+            evidence,
+        )
+
+    if s.tokens_per_s is not None and s.tokens_per_s < t.min_tokens_per_s:
+        return Verdict(
+            SLOW, f"{s.tokens_per_s:.0f} tokens/s below {t.min_tokens_per_s:.0f}", evidence
+        )
+    if s.log_age_s is not None and s.log_age_s >= t.slow_after_s:
+        return Verdict(SLOW, f"trainer log quiet for {s.log_age_s:.0f}s", evidence)
+    return Verdict(HEALTHY, "alive and advancing", evidence)
