@@ -1,0 +1,62 @@
+"""The checkpoint contract shared by the trainer harness, the pod agent and restore.
+
+Torch-free and Kubernetes-free on purpose: the agent ships and restores checkpoints with this
+package alone. A checkpoint is a directory `step-<8 digits>/` holding files and a MANIFEST.json
+written last (see `manifest`); it is written as a transaction (`txn`), read only after it
+verifies (`verify`), and retired by keep-last-N (`retention`). `layout` documents the names in
+a checkpoint root.
+"""
+
+from trainguard.ckpt.copy import CheckpointInvalidError, copy_checkpoint
+from trainguard.ckpt.hashing import (
+    BLAKE3,
+    DEFAULT_ALGORITHM,
+    SHA256,
+    XXH3_128,
+    UnknownHashAlgorithmError,
+    available_algorithms,
+    hash_file,
+    new_hasher,
+)
+from trainguard.ckpt.layout import parse_step_dirname, step_dirname
+from trainguard.ckpt.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_FILENAME,
+    Contents,
+    FileEntry,
+    Manifest,
+)
+from trainguard.ckpt.retention import PruneResult, prune
+from trainguard.ckpt.txn import CheckpointTransaction, CheckpointWriteError, Committed
+from trainguard.ckpt.verify import Scan, Search, Verification, find_newest_valid, scan, verify
+
+__all__ = [
+    "BLAKE3",
+    "DEFAULT_ALGORITHM",
+    "FORMAT_VERSION",
+    "MANIFEST_FILENAME",
+    "SHA256",
+    "XXH3_128",
+    "CheckpointInvalidError",
+    "CheckpointTransaction",
+    "CheckpointWriteError",
+    "Committed",
+    "Contents",
+    "FileEntry",
+    "Manifest",
+    "PruneResult",
+    "Scan",
+    "Search",
+    "UnknownHashAlgorithmError",
+    "Verification",
+    "available_algorithms",
+    "copy_checkpoint",
+    "find_newest_valid",
+    "hash_file",
+    "new_hasher",
+    "parse_step_dirname",
+    "prune",
+    "scan",
+    "step_dirname",
+    "verify",
+]

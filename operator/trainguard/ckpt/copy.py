@@ -1,0 +1,69 @@
+"""Copying a checkpoint between roots (shipping to a directory layer, restoring into L1).
+
+The source is verified while it is copied: each file is hashed as it is read, and the copy is
+committed only if every hash matches the source manifest. The destination is written with the
+same transaction as any other checkpoint, so a copy interrupted at any point leaves nothing
+that could be read as a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from pathlib import Path
+
+from trainguard.ckpt.hashing import CHUNK_BYTES, new_hasher
+from trainguard.ckpt.manifest import Contents
+from trainguard.ckpt.txn import CheckpointTransaction, Committed
+from trainguard.ckpt.verify import verify
+
+
+class CheckpointInvalidError(RuntimeError):
+    """The source checkpoint does not verify (before or during the copy)."""
+
+
+def copy_checkpoint(
+    source: str | os.PathLike[str],
+    dest_root: str | os.PathLike[str],
+    *,
+    paths: Collection[str] | None = None,
+    contents: Contents | None = None,
+) -> Committed:
+    """Copy the checkpoint directory `source` into `dest_root` as `step-<N>/`.
+
+    `paths` selects a subset of the files (for example only the weights); `contents` then says
+    what the subset is (it defaults to the source's contents when every file is copied).
+    """
+    quick = verify(source, check_hashes=False)
+    if quick.manifest is None or not quick.ok:
+        raise CheckpointInvalidError(f"{source}: " + "; ".join(quick.reasons))
+    manifest = quick.manifest
+    entries = [entry for entry in manifest.files if paths is None or entry.path in paths]
+    missing = set(paths or ()) - {entry.path for entry in entries}
+    if missing:
+        raise ValueError(f"{source}: no such files in the checkpoint: {sorted(missing)}")
+    if contents is None:
+        if len(entries) != len(manifest.files):
+            raise ValueError("a partial copy must say what it contains (contents=...)")
+        contents = manifest.contents
+    buffer = bytearray(CHUNK_BYTES)
+    view = memoryview(buffer)
+    with CheckpointTransaction(
+        dest_root,
+        manifest.step,
+        contents=contents,
+        algorithm=manifest.hash_algorithm,
+        metadata=manifest.metadata,
+    ) as txn:
+        for entry in entries:
+            source_hasher = new_hasher(manifest.hash_algorithm)
+            with (
+                Path(source, entry.path).open("rb", buffering=0) as reader,
+                txn.create(entry.path) as writer,
+            ):
+                while count := reader.readinto(view):
+                    source_hasher.update(view[:count])
+                    writer.write(view[:count])
+            if source_hasher.hexdigest() != entry.hash:
+                raise CheckpointInvalidError(f"{source}: {entry.path} changed or is corrupt")
+        return txn.commit(timestamp=manifest.time)

@@ -1,0 +1,90 @@
+"""Content hashes for checkpoint files, recorded by name in every manifest.
+
+The hash guards integrity, not authenticity, so the default is the fastest one available:
+xxh3-128 (the `xxhash` package, a runtime dependency). blake3 is offered when its package is
+installed, sha256 always (standard library). Every hasher accepts any buffer-protocol object,
+so callers can hash memory views of large host buffers without copying them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import xxhash
+
+if TYPE_CHECKING:
+    # collections.abc.Buffer exists only from Python 3.12.
+    from typing_extensions import Buffer
+
+XXH3_128 = "xxh3-128"
+BLAKE3 = "blake3"
+SHA256 = "sha256"
+DEFAULT_ALGORITHM = XXH3_128
+
+# Large enough to amortise the per-call cost, small enough to stay in the CPU caches.
+CHUNK_BYTES = 8 * 1024 * 1024
+
+
+class Hasher(Protocol):
+    """The incremental interface shared by every supported hash."""
+
+    def update(self, data: Buffer, /) -> object:
+        """Feed more bytes."""
+
+    def hexdigest(self) -> str:
+        """Return the digest of everything fed so far, as lowercase hex."""
+
+
+class UnknownHashAlgorithmError(ValueError):
+    """The named algorithm is not supported or its package is not installed."""
+
+
+def _blake3_installed() -> bool:
+    return importlib.util.find_spec("blake3") is not None
+
+
+def available_algorithms() -> tuple[str, ...]:
+    """Names of the algorithms usable in this process, the default first."""
+    names = [XXH3_128]
+    if _blake3_installed():
+        names.append(BLAKE3)
+    names.append(SHA256)
+    return tuple(names)
+
+
+def new_hasher(algorithm: str) -> Hasher:
+    """Return a fresh incremental hasher for `algorithm`."""
+    if algorithm == XXH3_128:
+        return xxhash.xxh3_128()
+    if algorithm == SHA256:
+        return hashlib.sha256()
+    if algorithm == BLAKE3 and _blake3_installed():
+        import blake3
+
+        # blake3 hashes large inputs on several threads when asked to.
+        hasher: Hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        return hasher
+    raise UnknownHashAlgorithmError(
+        f"unknown or unavailable hash algorithm {algorithm!r}; available: "
+        + ", ".join(available_algorithms())
+    )
+
+
+def hash_file(path: str | os.PathLike[str], algorithm: str) -> tuple[int, str]:
+    """Return (size in bytes, hex digest) of a file, read in chunks into one reused buffer."""
+    hasher = new_hasher(algorithm)
+    buffer = bytearray(CHUNK_BYTES)
+    view = memoryview(buffer)
+    size = 0
+    with Path(path).open("rb", buffering=0) as handle:
+        while True:
+            count = handle.readinto(view)
+            if not count:
+                break
+            hasher.update(view[:count])
+            size += count
+    return size, hasher.hexdigest()

@@ -1,0 +1,58 @@
+"""Names inside a checkpoint root, and the fsync helpers every writer uses.
+
+A checkpoint root (an L1 directory, or a remote layer mounted as a directory) holds:
+
+| entry | meaning |
+|---|---|
+| `step-<8 digits>/` | a checkpoint; valid only if its manifest verifies |
+| `.tmp-step-<8 digits>-<unique>/` | a checkpoint being written; never read, removable |
+| `.deleting-step-<8 digits>-<unique>/` | a checkpoint being removed; never read, removable |
+| `.invalid-step-<8 digits>-<unique>/` | an invalid checkpoint moved aside by a newer save of |
+| | the same step; kept for inspection, never read |
+
+Hidden names are never checkpoints, so nothing reading a root ever mistakes a half-written or
+half-deleted directory for one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+STEP_PREFIX = "step-"
+STEP_DIGITS = 8
+MAX_STEP = 10**STEP_DIGITS - 1
+TMP_PREFIX = ".tmp-"
+DELETING_PREFIX = ".deleting-"
+INVALID_PREFIX = ".invalid-"
+
+_STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d{{{STEP_DIGITS}}})$")
+
+
+def step_dirname(step: int) -> str:
+    """The directory name of the checkpoint of `step`."""
+    if not 0 <= step <= MAX_STEP:
+        raise ValueError(f"step must be within 0..{MAX_STEP}, got {step}")
+    return f"{STEP_PREFIX}{step:0{STEP_DIGITS}d}"
+
+
+def parse_step_dirname(name: str) -> int | None:
+    """The step of a checkpoint directory name, or None when the name is not one."""
+    match = _STEP_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def hidden_name(prefix: str, step: int) -> str:
+    """A unique hidden name (`prefix` + step dirname + pid and clock) for a temporary directory."""
+    return f"{prefix}{step_dirname(step)}-{os.getpid()}-{time.time_ns()}"
+
+
+def fsync_path(path: Path) -> None:
+    """Make a file or directory durable by path (for a directory: its entries become durable)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

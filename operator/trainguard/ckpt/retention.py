@@ -1,0 +1,58 @@
+"""Keep-last-N retention for a checkpoint root.
+
+Rules (DESIGN.md "Checkpoints"): the newest N checkpoints that verify are kept; older valid
+ones are removed; invalid ones are never removed here, only reported; and because only
+checkpoints older than N fully verified ones are candidates, the newest verified checkpoint is
+never removed before a newer one has verified.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainguard.ckpt.layout import DELETING_PREFIX, fsync_path, hidden_name
+from trainguard.ckpt.verify import Verification, list_checkpoint_dirs, verify
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What `prune()` did: kept (newest first), deleted, and invalid checkpoints left in place."""
+
+    kept: tuple[Path, ...]
+    deleted: tuple[Path, ...]
+    invalid: tuple[Verification, ...]
+
+
+def remove_checkpoint_dir(path: Path, step: int) -> None:
+    """Remove a checkpoint directory so that no half-removed state is ever read.
+
+    It is first renamed to a hidden name (atomic, made durable), then its files are removed.
+    """
+    doomed = path.parent / hidden_name(DELETING_PREFIX, step)
+    os.rename(path, doomed)
+    fsync_path(path.parent)
+    shutil.rmtree(doomed)
+
+
+def prune(root: str | os.PathLike[str], keep_last: int) -> PruneResult:
+    """Apply keep-last-N to `root` (see the module docstring for the rules)."""
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+    kept: list[Path] = []
+    deleted: list[Path] = []
+    invalid: list[Verification] = []
+    for step, path in list_checkpoint_dirs(root):
+        # Only the N kept ones need their hashes checked; an older one just needs to look
+        # complete (manifest and sizes) to be recognised as a superseded checkpoint.
+        result = verify(path, check_hashes=len(kept) < keep_last)
+        if not result.ok:
+            invalid.append(result)
+        elif len(kept) < keep_last:
+            kept.append(path)
+        else:
+            remove_checkpoint_dir(path, step)
+            deleted.append(path)
+    return PruneResult(kept=tuple(kept), deleted=tuple(deleted), invalid=tuple(invalid))

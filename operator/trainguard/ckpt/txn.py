@@ -1,0 +1,263 @@
+"""Writing one checkpoint as a transaction: nothing is visible until everything is durable.
+
+Order of operations (the contract in DESIGN.md "Checkpoints")::
+
+    mkdir  .tmp-step-N-<unique>/          hidden: never read as a checkpoint
+    write  every file, hashing the bytes as they are written; fsync; close
+    fsync  the temporary directory        its entries are durable
+    write  MANIFEST.json; fsync           written last: its presence implies all of the above
+    rename .tmp-step-N-<unique>/ -> step-N/
+    fsync  the root                       the rename is durable
+
+Every write, fsync and close error propagates (ENOSPC and EIO included): a save that cannot be
+made durable fails loudly and leaves the temporary directory for `abort()` to remove, so the
+previous checkpoint is untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from pydantic import JsonValue
+
+from trainguard.ckpt.hashing import CHUNK_BYTES, DEFAULT_ALGORITHM, new_hasher
+from trainguard.ckpt.layout import (
+    DELETING_PREFIX,
+    INVALID_PREFIX,
+    TMP_PREFIX,
+    fsync_path,
+    hidden_name,
+    step_dirname,
+)
+from trainguard.ckpt.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_FILENAME,
+    Contents,
+    FileEntry,
+    Manifest,
+)
+from trainguard.ckpt.verify import verify
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+FILE_MODE = 0o644
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint transaction was used out of order."""
+
+
+class HashedFileWriter:
+    """A file of a checkpoint being written: hashes every byte written, fsyncs on close."""
+
+    def __init__(self, txn: CheckpointTransaction, relpath: str, path: Path) -> None:
+        self._txn = txn
+        self._relpath = relpath
+        self._hasher = new_hasher(txn.algorithm)
+        self._size = 0
+        self._fd: int | None = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE
+        )
+
+    def write(self, data: Buffer) -> None:
+        """Append all of `data` (any buffer), hashing it chunk by chunk while it is hot in cache."""
+        if self._fd is None:
+            raise CheckpointWriteError(f"{self._relpath} is already closed")
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), CHUNK_BYTES):
+            chunk = view[start : start + CHUNK_BYTES]
+            self._hasher.update(chunk)
+            while chunk:
+                # os.write may write less than asked (signals, pipes); loop until all is out.
+                written = os.write(self._fd, chunk)
+                chunk = chunk[written:]
+        self._size += len(view)
+
+    def close(self) -> FileEntry:
+        """Flush to disk (fsync), close, record the file in the transaction; errors propagate."""
+        if self._fd is None:
+            raise CheckpointWriteError(f"{self._relpath} is already closed")
+        fd, self._fd = self._fd, None
+        try:
+            os.fsync(fd)
+        finally:
+            # close() can report a deferred write error too (the incident's corrupt file).
+            os.close(fd)
+        entry = FileEntry(path=self._relpath, size=self._size, hash=self._hasher.hexdigest())
+        self._txn._record(entry)
+        return entry
+
+    def discard(self) -> None:
+        """Close without recording (used when the transaction is being aborted)."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+    def __enter__(self) -> HashedFileWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A checkpoint made durable: where it is, its manifest, what it displaced.
+
+    `quarantined` is set when an invalid directory of the same step was in the way: it was
+    moved aside under a hidden `.invalid-` name (kept for inspection, reported, never deleted).
+    """
+
+    path: Path
+    manifest: Manifest
+    quarantined: Path | None
+
+
+class CheckpointTransaction:
+    """One checkpoint being written under a hidden name until `commit()` (see module docstring).
+
+    Use as a context manager: leaving the block with an exception aborts (removes the temporary
+    directory); leaving it normally without `commit()` aborts too.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        step: int,
+        *,
+        contents: Contents = Contents.FULL,
+        algorithm: str = DEFAULT_ALGORITHM,
+        metadata: dict[str, JsonValue] | None = None,
+    ) -> None:
+        new_hasher(algorithm)  # fail before touching the disk when the name is unknown
+        self.root = Path(root)
+        self.step = step
+        self.contents = contents
+        self.algorithm = algorithm
+        self.metadata: dict[str, JsonValue] = dict(metadata or {})
+        self.target = self.root / step_dirname(step)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir = self.root / hidden_name(TMP_PREFIX, step)
+        self.tmp_dir.mkdir()
+        self._entries: dict[str, FileEntry] = {}
+        self._open: set[str] = set()
+        self._subdirs: set[Path] = set()
+        self._done = False
+
+    def create(self, relpath: str) -> HashedFileWriter:
+        """Create a new file of the checkpoint (relative path, subdirectories allowed)."""
+        self._check_open()
+        entry_check = FileEntry(path=relpath, size=0, hash="")  # validates the path
+        if entry_check.path in self._entries or relpath in self._open:
+            raise CheckpointWriteError(f"{relpath} is already part of this checkpoint")
+        path = self.tmp_dir / relpath
+        if path.parent != self.tmp_dir:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._subdirs.update(p for p in path.parents if self.tmp_dir in p.parents)
+        self._open.add(relpath)
+        return HashedFileWriter(self, relpath, path)
+
+    def write_file(self, relpath: str, data: Buffer) -> FileEntry:
+        """Create, write and close a file in one call."""
+        writer = self.create(relpath)
+        try:
+            writer.write(data)
+        except BaseException:
+            writer.discard()
+            raise
+        return writer.close()
+
+    def _record(self, entry: FileEntry) -> None:
+        self._open.discard(entry.path)
+        self._entries[entry.path] = entry
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise CheckpointWriteError("the transaction is already committed or aborted")
+
+    def commit(self, *, timestamp: float | None = None) -> Committed:
+        """Write the manifest last, rename into place, fsync the root; return the result."""
+        self._check_open()
+        if self._open:
+            raise CheckpointWriteError(f"files still open: {sorted(self._open)}")
+        # Every directory's entries must be durable before the manifest claims the files.
+        for directory in sorted(self._subdirs, key=lambda path: len(path.parts), reverse=True):
+            fsync_path(directory)
+        fsync_path(self.tmp_dir)
+        manifest = Manifest(
+            format_version=FORMAT_VERSION,
+            step=self.step,
+            time=time.time() if timestamp is None else timestamp,
+            contents=self.contents,
+            hash_algorithm=self.algorithm,
+            files=tuple(sorted(self._entries.values(), key=lambda entry: entry.path)),
+            metadata=self.metadata,
+        )
+        manifest_path = self.tmp_dir / MANIFEST_FILENAME
+        fd = os.open(manifest_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        try:
+            data = memoryview(manifest.to_json_bytes())
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_path(self.tmp_dir)
+        superseded, quarantined = self._move_existing_target_aside()
+        os.rename(self.tmp_dir, self.target)
+        fsync_path(self.root)
+        self._done = True
+        if superseded is not None:
+            # Removed only now that its replacement is durable under the same name.
+            shutil.rmtree(superseded)
+        return Committed(path=self.target, manifest=manifest, quarantined=quarantined)
+
+    def _move_existing_target_aside(self) -> tuple[Path | None, Path | None]:
+        """Clear the way when a directory of the same step already exists.
+
+        Returns (superseded, quarantined): a valid one is moved to a hidden `.deleting-` name to
+        be removed after the commit; an invalid one to a hidden `.invalid-` name, where it is
+        kept for inspection, never read again and never silently lost.
+        """
+        if not self.target.exists():
+            return None, None
+        if verify(self.target).ok:
+            superseded = self.root / hidden_name(DELETING_PREFIX, self.step)
+            os.rename(self.target, superseded)
+            return superseded, None
+        quarantined = self.root / hidden_name(INVALID_PREFIX, self.step)
+        os.rename(self.target, quarantined)
+        return None, quarantined
+
+    def abort(self) -> None:
+        """Remove the temporary directory; the root is left as it was before the transaction."""
+        if self._done:
+            return
+        self._done = True
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+    def __enter__(self) -> CheckpointTransaction:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.abort()

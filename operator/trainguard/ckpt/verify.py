@@ -1,0 +1,172 @@
+"""Verifying checkpoints and scanning a checkpoint root.
+
+Valid = the manifest parses, names this format version and a known hash algorithm, matches the
+directory's step, and every listed file exists with the recorded size and hash. Every reason a
+checkpoint fails is collected (not just the first), so reports say everything that is wrong.
+Invalid checkpoints are reported and skipped by every reader here; nothing here deletes them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from trainguard.ckpt.hashing import UnknownHashAlgorithmError, hash_file, new_hasher
+from trainguard.ckpt.layout import DELETING_PREFIX, INVALID_PREFIX, TMP_PREFIX, parse_step_dirname
+from trainguard.ckpt.manifest import FORMAT_VERSION, MANIFEST_FILENAME, Manifest
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The result of verifying one checkpoint directory."""
+
+    path: Path
+    step: int | None
+    manifest: Manifest | None
+    reasons: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when the checkpoint is valid (no reasons against it)."""
+        return self.manifest is not None and not self.reasons
+
+
+def verify(path: str | os.PathLike[str], *, check_hashes: bool = True) -> Verification:
+    """Verify one checkpoint directory.
+
+    With `check_hashes=False` only the manifest and the file sizes are checked: cheap enough to
+    poll, but it cannot see a flipped byte.
+    """
+    directory = Path(path)
+    step = parse_step_dirname(directory.name)
+    try:
+        raw = (directory / MANIFEST_FILENAME).read_bytes()
+    except FileNotFoundError:
+        return Verification(directory, step, None, (f"missing {MANIFEST_FILENAME}",))
+    except OSError as error:
+        return Verification(directory, step, None, (f"unreadable {MANIFEST_FILENAME}: {error}",))
+    try:
+        manifest = Manifest.from_json_bytes(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        detail = f"{'.'.join(str(part) for part in first['loc'])}: {first['msg']}"
+        return Verification(directory, step, None, (f"malformed {MANIFEST_FILENAME}: {detail}",))
+    reasons = _manifest_reasons(manifest, step)
+    if not reasons:
+        reasons = _file_reasons(directory, manifest, check_hashes=check_hashes)
+    return Verification(directory, manifest.step, manifest, tuple(reasons))
+
+
+def _manifest_reasons(manifest: Manifest, dir_step: int | None) -> list[str]:
+    reasons = []
+    if manifest.format_version != FORMAT_VERSION:
+        reasons.append(f"unsupported format_version {manifest.format_version}")
+    if dir_step is not None and dir_step != manifest.step:
+        reasons.append(f"directory is step {dir_step} but the manifest says {manifest.step}")
+    try:
+        new_hasher(manifest.hash_algorithm)
+    except UnknownHashAlgorithmError as error:
+        reasons.append(str(error))
+    return reasons
+
+
+def _file_reasons(directory: Path, manifest: Manifest, *, check_hashes: bool) -> list[str]:
+    reasons = []
+    for entry in manifest.files:
+        file_path = directory / entry.path
+        try:
+            size = file_path.stat().st_size
+        except FileNotFoundError:
+            reasons.append(f"{entry.path}: missing")
+            continue
+        except OSError as error:
+            reasons.append(f"{entry.path}: unreadable: {error}")
+            continue
+        if size != entry.size:
+            reasons.append(f"{entry.path}: size {size} != {entry.size} in the manifest")
+            continue
+        if not check_hashes:
+            continue
+        try:
+            _, digest = hash_file(file_path, manifest.hash_algorithm)
+        except OSError as error:
+            reasons.append(f"{entry.path}: unreadable: {error}")
+            continue
+        if digest != entry.hash:
+            reasons.append(f"{entry.path}: {manifest.hash_algorithm} hash mismatch")
+    return reasons
+
+
+@dataclass(frozen=True)
+class Scan:
+    """Everything found in a checkpoint root.
+
+    `valid` and `invalid` are sorted by step, oldest first. `partial` lists hidden temporary
+    directories (an interrupted save or removal: never a checkpoint, safe to remove);
+    `quarantined` lists invalid checkpoints moved aside by a newer save of the same step.
+    """
+
+    root: Path
+    valid: tuple[Verification, ...]
+    invalid: tuple[Verification, ...]
+    partial: tuple[Path, ...]
+    quarantined: tuple[Path, ...]
+
+    @property
+    def newest_valid(self) -> Verification | None:
+        """The valid checkpoint with the highest step, if any."""
+        return self.valid[-1] if self.valid else None
+
+
+def list_checkpoint_dirs(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """(step, path) of every `step-<8 digits>` directory in `root`, newest first."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    found = []
+    for child in base.iterdir():
+        step = parse_step_dirname(child.name)
+        if step is not None and child.is_dir():
+            found.append((step, child))
+    return sorted(found, reverse=True)
+
+
+def scan(root: str | os.PathLike[str], *, check_hashes: bool = True) -> Scan:
+    """Verify every checkpoint in `root` (a missing root is an empty scan: a fresh run)."""
+    base = Path(root)
+    results = [verify(path, check_hashes=check_hashes) for _, path in list_checkpoint_dirs(base)]
+    hidden = sorted(base.iterdir()) if base.is_dir() else []
+    return Scan(
+        root=base,
+        valid=tuple(reversed([result for result in results if result.ok])),
+        invalid=tuple(reversed([result for result in results if not result.ok])),
+        partial=tuple(
+            path for path in hidden if path.name.startswith((TMP_PREFIX, DELETING_PREFIX))
+        ),
+        quarantined=tuple(path for path in hidden if path.name.startswith(INVALID_PREFIX)),
+    )
+
+
+@dataclass(frozen=True)
+class Search:
+    """The newest valid checkpoint of a root, and the newer invalid ones skipped to find it."""
+
+    newest: Verification | None
+    skipped: tuple[Verification, ...]
+
+
+def find_newest_valid(root: str | os.PathLike[str], *, check_hashes: bool = True) -> Search:
+    """Verify from the highest step down and stop at the first valid checkpoint.
+
+    Cheaper than `scan()` when only the resume point is wanted: older checkpoints are not read.
+    """
+    skipped: list[Verification] = []
+    for _, path in list_checkpoint_dirs(root):
+        result = verify(path, check_hashes=check_hashes)
+        if result.ok:
+            return Search(newest=result, skipped=tuple(skipped))
+        skipped.append(result)
+    return Search(newest=None, skipped=tuple(skipped))

@@ -1,0 +1,70 @@
+"""Keep-last-N: keeps the newest verified, never deletes invalid ones, reports everything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.ckpt import CheckpointTransaction, prune, scan
+
+pytestmark = pytest.mark.unit
+
+
+def write_checkpoint(root: Path, step: int) -> Path:
+    with CheckpointTransaction(root, step) as txn:
+        txn.write_file("model.bin", bytes([step]) * 512)
+        return txn.commit().path
+
+
+def corrupt(path: Path) -> None:
+    data = bytearray((path / "model.bin").read_bytes())
+    data[0] ^= 0xFF
+    (path / "model.bin").write_bytes(bytes(data))
+
+
+def test_keeps_the_newest_n_and_deletes_older_valid_ones(tmp_path: Path) -> None:
+    for step in range(1, 6):
+        write_checkpoint(tmp_path, step)
+    result = prune(tmp_path, keep_last=2)
+    assert [p.name for p in result.kept] == ["step-00000005", "step-00000004"]
+    assert sorted(p.name for p in result.deleted) == [f"step-0000000{i}" for i in (1, 2, 3)]
+    assert result.invalid == ()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000005"]
+
+
+def test_an_invalid_newest_never_costs_the_newest_verified(tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        write_checkpoint(tmp_path, step)
+    corrupt(tmp_path / "step-00000003")
+    result = prune(tmp_path, keep_last=1)
+    # step 3 does not verify, so step 2 is the newest verified and must stay.
+    assert [p.name for p in result.kept] == ["step-00000002"]
+    assert [p.name for p in result.deleted] == ["step-00000001"]
+    assert [v.path.name for v in result.invalid] == ["step-00000003"]
+    assert (tmp_path / "step-00000003").is_dir()
+
+
+def test_invalid_older_checkpoints_are_reported_and_kept(tmp_path: Path) -> None:
+    for step in (1, 2, 3, 4):
+        write_checkpoint(tmp_path, step)
+    (tmp_path / "step-00000001" / "model.bin").unlink()
+    result = prune(tmp_path, keep_last=2)
+    assert [p.name for p in result.deleted] == ["step-00000002"]
+    assert [v.path.name for v in result.invalid] == ["step-00000001"]
+    after = scan(tmp_path)
+    assert [v.step for v in after.valid] == [3, 4]
+    assert [v.step for v in after.invalid] == [1]
+
+
+def test_nothing_verified_means_nothing_deleted(tmp_path: Path) -> None:
+    for step in (1, 2):
+        corrupt(write_checkpoint(tmp_path, step))
+    result = prune(tmp_path, keep_last=1)
+    assert result.kept == () and result.deleted == ()
+    assert len(result.invalid) == 2
+
+
+def test_keep_last_must_keep_something(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        prune(tmp_path, keep_last=0)
