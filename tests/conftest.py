@@ -18,20 +18,23 @@ import pytest
 from trainguard.devcluster.cluster import Cluster
 
 TEST_NODES = 3
+TEST_PROCESS_NODES = 2
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    """A running local control plane with TEST_NODES kwok GPU nodes."""
+    """A running local control plane: TEST_NODES kwok and TEST_PROCESS_NODES process-backed."""
     reuse = os.environ.get("TRAINGUARD_TEST_CLUSTER")
     if reuse:
         existing = Cluster(reuse)
-        existing.up(nodes=TEST_NODES)  # idempotent: returns at once when already up
+        existing.up(
+            nodes=TEST_NODES, process_nodes=TEST_PROCESS_NODES
+        )  # idempotent: returns at once when already up
         yield existing
         return
     started = Cluster(f"test-{uuid.uuid4().hex[:6]}")
     try:
-        started.up(nodes=TEST_NODES)
+        started.up(nodes=TEST_NODES, process_nodes=TEST_PROCESS_NODES)
         yield started
     finally:
         started.down(purge=True)

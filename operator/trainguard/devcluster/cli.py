@@ -23,6 +23,12 @@ def _parser() -> argparse.ArgumentParser:
 
     up = named("up", "start the cluster (idempotent) and wait until it is ready")
     up.add_argument("--nodes", type=int, default=3, help="kwok GPU nodes (default: 3)")
+    up.add_argument(
+        "--process-nodes",
+        type=int,
+        default=0,
+        help="process-backed GPU nodes whose pods run as local processes (default: 0)",
+    )
     up.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default: 8)")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for ready")
     down = named("down", "stop every component by its recorded PID")
@@ -38,13 +44,19 @@ def main(argv: list[str]) -> int:
     cluster = Cluster(args.name)
     try:
         if args.action == "up":
-            if args.nodes < 0 or args.gpus_per_node < 0:
-                print("trainguard dev cluster up: --nodes and --gpus-per-node must be >= 0")
+            if min(args.nodes, args.process_nodes, args.gpus_per_node) < 0:
+                print("trainguard dev cluster up: node and GPU counts must be >= 0")
                 return 2
             seconds = cluster.up(
-                nodes=args.nodes, gpus_per_node=args.gpus_per_node, timeout=args.timeout
+                nodes=args.nodes,
+                gpus_per_node=args.gpus_per_node,
+                timeout=args.timeout,
+                process_nodes=args.process_nodes,
             )
-            print(f"cluster {cluster.name!r}: {args.nodes} GPU nodes, logs in {cluster.log_dir}")
+            print(
+                f"cluster {cluster.name!r}: {args.nodes} kwok + {args.process_nodes} "
+                f"process-backed GPU nodes, logs in {cluster.log_dir}"
+            )
             print(f"export KUBECONFIG={cluster.kubeconfig}")
             print(f"ready in {seconds:.1f} s")
         elif args.action == "down":

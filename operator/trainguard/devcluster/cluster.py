@@ -30,8 +30,17 @@ from typing import Any
 from trainguard.devcluster import nodes as node_manifests
 from trainguard.devcluster.pki import Pki
 
-# Order matters: each component needs the ones before it.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Order matters: each component needs the ones before it. procnode (the runtime of the
+# process-backed nodes) runs only when the cluster has such nodes.
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "procnode",
+)
+OPTIONAL_COMPONENTS = ("procnode",)
 PORT_NAMES = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
 SERVICE_CIDR = "10.96.0.0/16"
 # Short grace periods make node-loss scenarios observable in seconds, not minutes.
@@ -222,10 +231,12 @@ class Cluster:
     # ----- status ------------------------------------------------------------------------
 
     def status(self) -> list[ComponentStatus]:
-        """PID and liveness of every component."""
+        """PID and liveness of every component that this cluster runs."""
         result = []
         for component in COMPONENTS:
             pid = self._read_pid(component)
+            if pid is None and component in OPTIONAL_COMPONENTS:
+                continue
             result.append(ComponentStatus(component, pid, pid is not None and _pid_alive(pid)))
         return result
 
@@ -247,16 +258,55 @@ class Cluster:
 
     # ----- up ----------------------------------------------------------------------------
 
-    def up(self, nodes: int = 3, gpus_per_node: int = 8, timeout: float = 120.0) -> float:
-        """Bring the cluster up (idempotent) with `nodes` GPU nodes; return seconds to ready."""
+    def up(
+        self,
+        nodes: int = 3,
+        gpus_per_node: int = 8,
+        timeout: float = 120.0,
+        process_nodes: int = 0,
+    ) -> float:
+        """Bring the cluster up (idempotent); return seconds to ready.
+
+        `nodes` kwok GPU nodes (`gpu-node-<i>`) and `process_nodes` process-backed GPU nodes
+        (`proc-node-<i>`, whose pods run as local processes).
+        """
         started = time.monotonic()
         deadline = started + timeout
         bin_dir = self.bin_dir
         if not self.is_up():
             self.down()
             self._start_all(bin_dir, deadline)
-        self._ensure_nodes(nodes, gpus_per_node, deadline)
+        manifests = [
+            node_manifests.gpu_node(node_manifests.node_name(i), gpus=gpus_per_node)
+            for i in range(nodes)
+        ]
+        proc_names = [node_manifests.process_node_name(i) for i in range(process_nodes)]
+        manifests += [
+            node_manifests.gpu_node(name, gpus=gpus_per_node, process_backed=True)
+            for name in proc_names
+        ]
+        self._ensure_procnode(proc_names, deadline)
+        self._ensure_nodes(manifests, deadline)
         return time.monotonic() - started
+
+    def _ensure_procnode(self, names: list[str], deadline: float) -> None:
+        record = self.root / "procnode-nodes"
+        served = record.read_text().split(",") if record.exists() else []
+        pid = self._read_pid("procnode")
+        running = pid is not None and _pid_alive(pid)
+        if running and set(names) <= set(served):
+            return
+        if running and pid is not None:
+            _terminate(pid)
+        if not names:
+            return
+        record.write_text(",".join(names))
+        argv = [
+            sys.executable, "-m", "trainguard.devcluster.procnode",
+            f"--cluster-root={self.root}", f"--server={self.server}", f"--nodes={','.join(names)}",
+        ]  # fmt: skip
+        self._spawn("procnode", argv)
+        self._wait("procnode", deadline, lambda: True)
 
     def _start_all(self, bin_dir: Path, deadline: float) -> None:
         for d in (self.root, self.log_dir, self.pid_dir):
@@ -464,18 +514,17 @@ class Cluster:
 
     # ----- nodes -------------------------------------------------------------------------
 
-    def _ensure_nodes(self, count: int, gpus_per_node: int, deadline: float) -> None:
-        manifests = [
-            node_manifests.gpu_node(node_manifests.node_name(i), gpus=gpus_per_node)
-            for i in range(count)
-        ]
+    def _ensure_nodes(self, manifests: list[dict[str, Any]], deadline: float) -> None:
         existing = self._node_names()
         missing = [m for m in manifests if m["metadata"]["name"] not in existing]
         if missing:
             docs = {"apiVersion": "v1", "kind": "List", "items": missing}
             self.kubectl("create", "-f", "-", input=json.dumps(docs))
-        wanted = {m["metadata"]["name"] for m in manifests}
-        self._wait("kwok", deadline, lambda: wanted <= self._ready_nodes())
+        kwok_nodes = {m["metadata"]["name"] for m in manifests if m["metadata"]["annotations"]}
+        proc_nodes = {m["metadata"]["name"] for m in manifests} - kwok_nodes
+        self._wait("kwok", deadline, lambda: kwok_nodes <= self._ready_nodes())
+        if proc_nodes:
+            self._wait("procnode", deadline, lambda: proc_nodes <= self._ready_nodes())
 
     def _nodes_json(self) -> list[dict[str, Any]]:
         result = self.kubectl("get", "nodes", "-o", "json", check=False)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 NODE_PREFIX = "gpu-node-"
+PROCESS_NODE_PREFIX = "proc-node-"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+PROCESS_NODE_LABEL = "trainguard.dev/process-backed"
 # One H200-class node, with room for several runs' local disk.
 DEFAULT_CPU = "32"
 DEFAULT_MEMORY = "256Gi"
@@ -16,8 +18,13 @@ GPU_MEMORY_MIB = "143771"
 
 
 def node_name(index: int) -> str:
-    """The name of the index-th GPU node."""
+    """The name of the index-th kwok GPU node."""
     return f"{NODE_PREFIX}{index}"
+
+
+def process_node_name(index: int) -> str:
+    """The name of the index-th process-backed GPU node."""
+    return f"{PROCESS_NODE_PREFIX}{index}"
 
 
 def gpu_node(
@@ -26,8 +33,13 @@ def gpu_node(
     cpu: str = DEFAULT_CPU,
     memory: str = DEFAULT_MEMORY,
     ephemeral_storage: str = DEFAULT_EPHEMERAL_STORAGE,
+    process_backed: bool = False,
 ) -> dict[str, Any]:
-    """A kwok-managed Node with GPU capacity and the labels a GPU node carries."""
+    """A Node with GPU capacity and the labels a GPU node carries.
+
+    kwok simulates its kubelet, unless `process_backed`: then the process-backed node
+    runtime (trainguard.devcluster.procnode) runs its pods as local processes.
+    """
     resources = {
         "cpu": cpu,
         "memory": memory,
@@ -35,13 +47,16 @@ def gpu_node(
         "pods": DEFAULT_PODS,
         "nvidia.com/gpu": str(gpus),
     }
+    annotations = {} if process_backed else {KWOK_ANNOTATION: "fake"}
+    labels = {PROCESS_NODE_LABEL: "true"} if process_backed else {}
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {
             "name": name,
-            "annotations": {KWOK_ANNOTATION: "fake"},
+            "annotations": annotations,
             "labels": {
+                **labels,
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",

@@ -1,0 +1,81 @@
+"""`trainguard dev cluster`: idempotent up, clusters side by side, PID-based down, failures."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from trainguard.devcluster.cluster import Cluster, _pid_alive
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+TRAINGUARD = [sys.executable, "-m", "trainguard.cli"]
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*TRAINGUARD, "dev", "cluster", *args],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_second_cluster_runs_beside_the_first_and_stops_by_pid(cluster: Cluster) -> None:
+    name = f"side-{uuid.uuid4().hex[:6]}"
+    side = Cluster(name)
+    try:
+        first = _cli("up", "--name", name, "--nodes", "1")
+        assert first.returncode == 0, first.stderr
+        lines = first.stdout.strip().splitlines()
+        assert re.fullmatch(r"ready in \d+\.\d s", lines[-1]), lines
+        assert f"export KUBECONFIG={side.kubeconfig}" in lines
+        assert side.ports()["apiserver"] != cluster.ports()["apiserver"]
+        assert "gpu-node-0" in side.kubectl("get", "nodes").stdout
+        pids = {s.name: s.pid for s in side.status()}
+
+        again = _cli("up", "--name", name, "--nodes", "1")
+        assert again.returncode == 0, again.stderr
+        assert {s.name: s.pid for s in side.status()} == pids  # nothing restarted
+        seconds = float(again.stdout.strip().splitlines()[-1].split()[2])
+        assert seconds < 10
+
+        assert _cli("status", "--name", name).returncode == 0
+        down = _cli("down", "--name", name)
+        assert down.returncode == 0, down.stderr
+        assert not any(pid and _pid_alive(pid) for pid in pids.values())
+        assert _cli("status", "--name", name).returncode == 1
+        # The session's cluster is untouched.
+        assert cluster.is_up()
+    finally:
+        side.down(purge=True)
+
+
+def test_failing_component_exits_nonzero_with_its_log_tail(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    # A real kwok given an invalid stage file fails at start-up; `up` must say so.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "bin").symlink_to(cluster.bin_dir)
+    stages = next(cluster.home.glob("kwok-stages-*"))
+    broken = home / stages.name
+    shutil.copytree(stages, broken)
+    (broken / "node-initialize.yaml").write_text("kind: Stage\nspec: [this is not a stage\n")
+    env = {"TRAINGUARD_HOME": str(home)}
+    try:
+        result = _cli("up", "--name", "broken", "--nodes", "1", "--timeout", "60", env=env)
+        assert result.returncode == 1
+        assert "kwok" in result.stderr
+        assert "last lines of" in result.stderr
+    finally:
+        _cli("down", "--name", "broken", "--purge", env=env)
