@@ -1,0 +1,229 @@
+"""Names every trainguard component shares: API coordinates, keys, condition types and reasons.
+
+Spell none of these strings elsewhere; import them. Keys carry the `trainguard.dev/` prefix
+(DESIGN.md, "Names"). Reasons are CamelCase, as Kubernetes expects in conditions and Events.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+# API coordinates.
+GROUP = "trainguard.dev"
+VERSION = "v1alpha1"
+# Spelled out (not composed) so that type checkers see literal types.
+API_VERSION: Final = "trainguard.dev/v1alpha1"
+KIND: Final = "TrainingRun"
+LIST_KIND = "TrainingRunList"
+PLURAL = "trainingruns"
+SINGULAR = "trainingrun"
+SHORT_NAMES = ("tr",)
+CATEGORIES = ("trainguard",)
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# Prefix of every label, annotation, finalizer and taint key trainguard owns.
+PREFIX = f"{GROUP}/"
+
+# Labels on every child of a run (pods, Lease, RBAC), so indexes and selectors find them.
+LABEL_RUN = f"{PREFIX}run"
+LABEL_ATTEMPT = f"{PREFIX}attempt"
+LABEL_COMPONENT = f"{PREFIX}component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "trainguard"
+
+# Values of LABEL_COMPONENT.
+COMPONENT_TRAINING_POD = "training-pod"
+COMPONENT_HEARTBEAT = "heartbeat"
+COMPONENT_RBAC = "rbac"
+
+# Annotations on the run's heartbeat Lease, written by the agent at every renewal.
+ANNOTATION_VERDICT = f"{PREFIX}verdict"
+ANNOTATION_EVIDENCE = f"{PREFIX}evidence"
+ANNOTATION_STEP = f"{PREFIX}step"
+ANNOTATION_SAVED_STEP = f"{PREFIX}saved-step"
+# Hash of the spec a pod was built from: a changed hash means the pod is out of date.
+ANNOTATION_SPEC_HASH = f"{PREFIX}spec-hash"
+# On a node: why and when trainguard tainted it (the taint itself carries only the reason).
+ANNOTATION_UNHEALTHY_SINCE = f"{PREFIX}unhealthy-since"
+
+# Finalizer on a run: its newest L1 checkpoint is flushed to a remote layer before deletion.
+FINALIZER = f"{PREFIX}checkpoint-flush"
+
+# Taint on a node found unhealthy: `trainguard.dev/unhealthy=<Reason>:NoSchedule`.
+TAINT_UNHEALTHY = f"{PREFIX}unhealthy"
+TAINT_EFFECT = "NoSchedule"
+
+# Status name of the local checkpoint layer (remote layer names may not take it).
+L1_LAYER = "l1"
+
+# Default GPU resource name requested for the trainer.
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Keys the agent reads from a remote layer's credentials Secret, per URI scheme.
+SECRET_KEY_HF_TOKEN = "token"
+SECRET_KEY_SSH_PRIVATE_KEY = "ssh-privatekey"
+SECRET_KEY_SSH_KNOWN_HOSTS = "known_hosts"
+SECRET_KEY_S3_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+SECRET_KEY_S3_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+SECRET_KEY_S3_ENDPOINT_URL = "AWS_ENDPOINT_URL"
+
+
+class UriScheme(StrEnum):
+    """Schemes of data sources and remote checkpoint layers."""
+
+    FILE = "file"
+    S3 = "s3"
+    HF = "hf"
+    SSH = "ssh"
+
+
+class NetworkVolumes(StrEnum):
+    """What the placement guard does with a network volume on the hot path."""
+
+    FORBID = "Forbid"
+    WARN = "Warn"
+    ALLOW = "Allow"
+
+
+class HashAlgorithm(StrEnum):
+    """Checkpoint integrity hash, recorded by name in every manifest."""
+
+    XXH3 = "xxh3"
+    BLAKE3 = "blake3"
+    SHA256 = "sha256"
+
+
+class Contents(StrEnum):
+    """What a checkpoint holds: everything needed to resume, or the model weights only."""
+
+    FULL = "full"
+    WEIGHTS = "weights"
+
+
+class OnRepeatedFailure(StrEnum):
+    """What to do when a run dies again near the same step."""
+
+    STOP = "Stop"
+    CONTINUE = "Continue"
+
+
+class TolerationOperator(StrEnum):
+    """Operators of a Kubernetes toleration."""
+
+    EXISTS = "Exists"
+    EQUAL = "Equal"
+
+
+class TaintEffect(StrEnum):
+    """Effects of a Kubernetes taint."""
+
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class ConditionStatus(StrEnum):
+    """Status of a condition (metav1.ConditionStatus)."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(StrEnum):
+    """Condition types of a TrainingRun."""
+
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+    SUSPENDED = "Suspended"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
+    PREFLIGHT = "Preflight"
+    DATA_STAGED = "DataStaged"
+    RESTORED = "Restored"
+    REPEATED_FAILURE_AT_STEP = "RepeatedFailureAtStep"
+
+
+class Phase(StrEnum):
+    """The one-word summary in `status.phase`, derived from the conditions."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    SUSPENDED = "Suspended"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+
+
+class Verdict(StrEnum):
+    """The agent's classification of the trainer, renewed with the Lease."""
+
+    HEALTHY = "Healthy"
+    SLOW = "Slow"
+    HUNG = "Hung"
+    DEAD = "Dead"
+    GHOST_MEMORY = "GhostMemory"
+    IO_STUCK = "IOStuck"
+
+
+class ShippingState(StrEnum):
+    """State of the newest upload to a remote layer."""
+
+    PENDING = "Pending"
+    UPLOADING = "Uploading"
+    VERIFIED = "Verified"
+    FAILED = "Failed"
+
+
+class Reason(StrEnum):
+    """CamelCase reasons of conditions, Events, failures and node taints."""
+
+    # Lifecycle.
+    CREATED = "Created"
+    SCHEDULING = "Scheduling"
+    PREFLIGHT_PASSED = "PreflightPassed"
+    PREFLIGHT_FAILED = "PreflightFailed"
+    STAGING_DATA = "StagingData"
+    DATA_STAGED = "DataStaged"
+    RESTORING = "Restoring"
+    RESTORED = "Restored"
+    NOTHING_TO_RESTORE = "NothingToRestore"
+    RESTORE_FAILED = "RestoreFailed"
+    TRAINING = "Training"
+    COMPLETED = "Completed"
+    SUSPENDED = "Suspended"
+    RESUMED = "Resumed"
+    # Spec and placement.
+    INVALID_SPEC = "InvalidSpec"
+    NETWORK_VOLUME_FORBIDDEN = "NetworkVolumeForbidden"
+    NETWORK_VOLUME_WARNING = "NetworkVolumeWarning"
+    SPEC_CHANGED = "SpecChanged"
+    # Failures (also `status.lastFailure.cause`); the verdicts are causes too.
+    LEASE_EXPIRED = "LeaseExpired"
+    NODE_LOST = "NodeLost"
+    POD_FAILED = "PodFailed"
+    POD_DELETED = "PodDeleted"
+    GPU_MEMORY_NOT_RELEASED = "GPUMemoryNotReleased"
+    # Actions of the escalation ladder.
+    RESTARTING_IN_PLACE = "RestartingInPlace"
+    RESCHEDULING = "Rescheduling"
+    NODE_EXCLUDED = "NodeExcluded"
+    NODE_TAINTED = "NodeTainted"
+    FLUSHING_CHECKPOINT = "FlushingCheckpoint"
+    FLUSH_TIMED_OUT = "FlushTimedOut"
+    REPEATED_FAILURE_AT_STEP = "RepeatedFailureAtStep"
+    MAX_RESTARTS_EXCEEDED = "MaxRestartsExceeded"
+    # Checkpoints.
+    CHECKPOINT_SAVED = "CheckpointSaved"
+    CHECKPOINT_SHIPPED = "CheckpointShipped"
+    CHECKPOINT_INVALID = "CheckpointInvalid"
+    SHIPPING_FAILED = "ShippingFailed"
+    # Monitoring.
+    HEALTHY = "Healthy"
+    SLOW = "Slow"
+    HUNG = "Hung"
+    DEAD = "Dead"
+    GHOST_MEMORY = "GhostMemory"
+    IO_STUCK = "IOStuck"

@@ -1,0 +1,167 @@
+"""The TrainingRun status: what the operator observed, as `kubectl get tr` and Argo CD see it.
+
+Only the operator writes it. Conditions have the metav1.Condition shape; `phase` is derived
+from them (trainguard.status). Times serialize as RFC 3339 UTC with second precision, like
+metav1.Time.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+from pydantic import AwareDatetime, ConfigDict, Field, PlainSerializer
+
+from trainguard.api.base import KubeModel, map_list
+from trainguard.api.constants import ConditionStatus, Contents, Phase, ShippingState, Verdict
+from trainguard.api.types import MAX_LABEL_LENGTH, MAX_NAME_LENGTH
+
+MAX_CONDITIONS = 32
+MAX_EXCLUDED_NODES = 256
+MAX_LAYERS = 16
+MAX_MESSAGE_LENGTH = 32768
+MAX_REASON_LENGTH = 1024
+# metav1.Condition's patterns and bounds.
+CONDITION_TYPE_RE = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+MAX_CONDITION_TYPE_LENGTH = 316
+REASON_RE = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime(RFC3339)
+
+
+Timestamp = Annotated[AwareDatetime, PlainSerializer(_rfc3339, return_type=str, when_used="json")]
+ReasonText = Annotated[str, Field(min_length=1, max_length=MAX_REASON_LENGTH, pattern=REASON_RE)]
+Message = Annotated[str, Field(max_length=MAX_MESSAGE_LENGTH)]
+NodeName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH)]
+
+
+class StatusModel(KubeModel):
+    """Base of status models: parsed from the apiserver's JSON, so times arrive as strings."""
+
+    model_config = ConfigDict(strict=False)
+
+
+class Condition(StatusModel):
+    """One aspect of the run's state (metav1.Condition)."""
+
+    type: str = Field(
+        min_length=1,
+        max_length=MAX_CONDITION_TYPE_LENGTH,
+        pattern=CONDITION_TYPE_RE,
+        description="Condition type, e.g. Ready, Progressing, Degraded, RepeatedFailureAtStep.",
+    )
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was set for."
+    )
+    last_transition_time: Timestamp = Field(description="When status last changed.")
+    reason: ReasonText = Field(description="CamelCase reason of the last transition.")
+    message: Message = Field(description="Human-readable details.")
+
+
+class ExcludedNode(StatusModel):
+    """A node the run will not be placed on again, and why."""
+
+    node: NodeName = Field(description="Node name.")
+    reason: ReasonText = Field(
+        description="Why it was excluded, e.g. GhostMemory, IOStuck, NodeLost."
+    )
+    time: Timestamp = Field(description="When it was excluded.")
+
+
+class Shipping(StatusModel):
+    """The newest upload to a remote layer."""
+
+    state: ShippingState = Field(description="Pending, Uploading, Verified or Failed.")
+    step: int = Field(ge=0, description="Step of the checkpoint being shipped.")
+    bytes_done: int | None = Field(default=None, ge=0, description="Bytes uploaded so far.")
+    bytes_total: int | None = Field(default=None, ge=0, description="Bytes to upload.")
+    time: Timestamp | None = Field(default=None, description="When the state last changed.")
+    message: Message | None = Field(default=None, description="Error of a Failed upload.")
+
+
+class LayerCheckpoint(StatusModel):
+    """The newest checkpoint of one layer."""
+
+    layer: Annotated[str, Field(min_length=1, max_length=MAX_LABEL_LENGTH)] = Field(
+        description="Layer name: l1, or a remote layer's name."
+    )
+    step: int | None = Field(default=None, ge=0, description="Step of its newest checkpoint.")
+    time: Timestamp | None = Field(default=None, description="When that checkpoint was saved.")
+    verified: bool = Field(
+        default=False, description="Whether every file matched its manifest's size and hash."
+    )
+    contents: Contents | None = Field(default=None, description="full or weights.")
+    shipping: Shipping | None = Field(
+        default=None, description="Upload in progress or last finished (remote layers)."
+    )
+
+
+class Failure(StatusModel):
+    """The last failure of the run, with its evidence."""
+
+    cause: ReasonText = Field(
+        description="Verdict or cause: Dead, Hung, GhostMemory, IOStuck, LeaseExpired, ..."
+    )
+    step: int | None = Field(default=None, ge=0, description="Step the trainer had reached.")
+    time: Timestamp = Field(description="When the failure was detected.")
+    node: NodeName | None = Field(default=None, description="Node the run was on.")
+    attempt: int | None = Field(default=None, ge=1, description="Attempt that failed.")
+    message: Message = Field(description="Evidence: what the agent or operator saw.")
+
+
+class TrainingRunStatus(StatusModel):
+    """Observed state of a TrainingRun, written by the operator only."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the status was computed for."
+    )
+    phase: Phase | None = Field(
+        default=None,
+        description="Pending, Running, Recovering, Suspended, Completed or Failed.",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=MAX_CONDITIONS,
+        description="Ready, Progressing, Degraded, Suspended, Complete, Failed and more.",
+        json_schema_extra=map_list("type"),
+    )
+    verdict: Verdict | None = Field(default=None, description="The agent's latest verdict.")
+    step: int | None = Field(default=None, ge=0, description="Latest training step.")
+    tokens_per_second: float | None = Field(
+        default=None, ge=0.0, description="Latest training throughput."
+    )
+    node: NodeName | None = Field(default=None, description="Node of the current attempt.")
+    attempt: int | None = Field(
+        default=None, ge=1, description="Current attempt (a new pod is a new attempt)."
+    )
+    restarts: int = Field(default=0, ge=0, description="Restarts so far, of any kind.")
+    in_place_restarts: int = Field(
+        default=0, ge=0, description="Restarts in place since the run last moved to a node."
+    )
+    checkpoint_step: int | None = Field(
+        default=None, ge=0, description="Newest verified checkpoint step across all layers."
+    )
+    checkpoints: list[LayerCheckpoint] = Field(
+        default_factory=list,
+        max_length=MAX_LAYERS,
+        description="Newest checkpoint per layer, and shipping progress.",
+        json_schema_extra=map_list("layer"),
+    )
+    excluded_nodes: list[ExcludedNode] = Field(
+        default_factory=list,
+        max_length=MAX_EXCLUDED_NODES,
+        description="Nodes the run will not be placed on again.",
+        json_schema_extra=map_list("node"),
+    )
+    last_failure: Failure | None = Field(default=None, description="The last failure.")
+    start_time: Timestamp | None = Field(default=None, description="When training first started.")
+    completion_time: Timestamp | None = Field(
+        default=None, description="When the run completed or failed."
+    )
