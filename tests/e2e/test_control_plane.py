@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -213,3 +214,28 @@ def test_server_reports_its_built_version(cluster: Cluster) -> None:
     version = json.loads(cluster.kubectl("version", "-o", "json").stdout)
     assert version["serverVersion"]["gitVersion"] == KUBE_VERSION
     assert version["clientVersion"]["gitVersion"] == KUBE_VERSION
+
+
+@pytest.mark.parametrize(
+    ("program", "args", "expected"),
+    [
+        ("etcd", ["--version"], "etcd Version: 3.6.16"),
+        ("kube-apiserver", ["--version"], f"Kubernetes {KUBE_VERSION}"),
+        ("kube-controller-manager", ["--version"], f"Kubernetes {KUBE_VERSION}"),
+        ("kube-scheduler", ["--version"], f"Kubernetes {KUBE_VERSION}"),
+        ("kubectl", ["version", "--client"], f"Client Version: {KUBE_VERSION}"),
+        ("kwok", ["--version"], "kwok version v0.8.0"),
+        ("helm", ["version"], 'Version:"v4.3.2"'),
+    ],
+)
+def test_built_programs_report_their_versions(
+    cluster: Cluster, program: str, args: list[str], expected: str
+) -> None:
+    result = subprocess.run(
+        [str(cluster.bin_dir / program), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert expected in result.stdout + result.stderr
