@@ -21,6 +21,12 @@ spell the strings elsewhere.
 | TRAINGUARD_CKPT_EVERY_STEPS | checkpoint cadence in steps (0: off) |
 | TRAINGUARD_CKPT_EVERY_SECONDS | checkpoint cadence in seconds (0: off) |
 | TRAINGUARD_HASH | checkpoint hash algorithm name (see trainguard.ckpt) |
+| TRAINGUARD_RUN_UID | UID of the TrainingRun (Events from the agent refer to it) |
+| TRAINGUARD_POD_NAME | the pod's name (downward API; the Lease holder) |
+| TRAINGUARD_LEASE_NAME | the run's heartbeat Lease (`<run>-heartbeat`) |
+| TRAINGUARD_MONITOR | the run's `spec.monitor`, as JSON (camelCase keys, as in the API) |
+| TRAINGUARD_LAYERS | the run's remote layers (`spec.checkpoints.layers`), as a JSON list |
+| TRAINGUARD_STACKS_FILE | where the harness's faulthandler writes stack dumps (state dir) |
 """
 
 from __future__ import annotations
@@ -39,6 +45,12 @@ KEEP_LAST = "TRAINGUARD_KEEP_LAST"
 CKPT_EVERY_STEPS = "TRAINGUARD_CKPT_EVERY_STEPS"
 CKPT_EVERY_SECONDS = "TRAINGUARD_CKPT_EVERY_SECONDS"
 HASH = "TRAINGUARD_HASH"
+RUN_UID = "TRAINGUARD_RUN_UID"
+POD_NAME = "TRAINGUARD_POD_NAME"
+LEASE_NAME = "TRAINGUARD_LEASE_NAME"
+MONITOR = "TRAINGUARD_MONITOR"
+LAYERS = "TRAINGUARD_LAYERS"
+STACKS_FILE = "TRAINGUARD_STACKS_FILE"
 
 # Default mount paths inside a training pod.
 DEFAULT_L1_DIR = "/trainguard/l1"
@@ -47,3 +59,5 @@ DEFAULT_STATE_DIR = "/trainguard/state"
 HEARTBEAT_FILENAME = "heartbeat.json"
 GPU_FILENAME = "gpu.json"
 LOG_FILENAME = "trainer.log"
+STACKS_FILENAME = "stacks.txt"
+SUPERVISOR_FILENAME = "supervisor.json"
