@@ -12,6 +12,7 @@ import sys
 
 # subcommand -> (module, one-line help). Keep sorted by subcommand.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "agent": ("trainguard.agent.main", "the pod agent (native sidecar): watch, report, act"),
     "demo": ("trainguard.demo", "show trainguard at work on a local control plane"),
     "dev": ("trainguard.devcluster.cli", "local control plane for tests and the demo"),
     "supervise": ("trainguard_harness.supervisor", "run a training command under supervision"),

@@ -92,6 +92,8 @@ CASES = [
     ("duplicate trainer processes", replace(ALIVE, process_count=2), GHOST_MEMORY),
     ("extra process on the GPU", replace(ALIVE, gpu_processes=3), GHOST_MEMORY),
     ("driver >> framework", replace(ALIVE, gpu_used_mib=30000), GHOST_MEMORY),
+    ("memory held by no live process", replace(ALIVE, gpu_unattributed_mib=30000), GHOST_MEMORY),
+    ("a little unattributed memory", replace(ALIVE, gpu_unattributed_mib=500), HEALTHY),
     ("driver a bit above framework", replace(ALIVE, gpu_used_mib=12000), HEALTHY),
     (
         "memory dropped to ~0 with frozen step",

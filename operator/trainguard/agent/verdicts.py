@@ -33,6 +33,7 @@ class Thresholds:
     ghost_ratio: float = 1.5
     release_after_death_s: float = 10.0
     expected_processes: int = 1
+    startup_grace_s: float = 0.0
     # GPU memory at or below this counts as "released" (driver and CUDA context overhead).
     released_mib: float = 512.0
 
@@ -58,7 +59,9 @@ class Signals:
     framework_reserved_mib: float | None = None
     gpu_used_mib: float | None = None
     gpu_processes: int | None = None
+    gpu_unattributed_mib: float | None = None  # used by no live process (driver's view)
     log_age_s: float | None = None
+    seconds_since_start: float = float("inf")  # since this trainer process was first seen
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
         "frozen_s": _fmt(s.seconds_since_step_advanced),
         "gpu_used_mib": _fmt(s.gpu_used_mib),
         "gpu_procs": _fmt(s.gpu_processes),
+        "gpu_orphan_mib": _fmt(s.gpu_unattributed_mib),
         "fw_reserved_mib": _fmt(s.framework_reserved_mib),
     }
     if not s.trainer_seen:
@@ -123,6 +127,13 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
             evidence,
         )
 
+    if s.gpu_unattributed_mib is not None and s.gpu_unattributed_mib > t.ghost_mib:
+        return Verdict(
+            GHOST_MEMORY,
+            f"driver reports {s.gpu_unattributed_mib:.0f} MiB held by no live process",
+            evidence,
+        )
+
     if gpu_known and s.framework_reserved_mib is not None:
         used = s.gpu_used_mib or 0.0
         reserved = s.framework_reserved_mib
@@ -133,6 +144,11 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
                 f"{used - reserved:.0f} MiB unaccounted for",
                 evidence,
             )
+
+    if s.step is None or s.seconds_since_start < t.startup_grace_s:
+        # Compiling, restoring or a trainer without the harness: only absence, I/O and
+        # memory are judged until the first step and the start-up grace have passed.
+        return Verdict(HEALTHY, "alive, starting up", evidence)
 
     frozen = s.seconds_since_step_advanced >= t.hang_after_s
     if (

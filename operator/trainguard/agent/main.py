@@ -1,0 +1,236 @@
+"""`trainguard agent`: the native sidecar that watches the trainer by absence.
+
+Every `monitor.intervalSeconds` it collects the signals, classifies a verdict and renews the
+run's heartbeat Lease with the verdict and compact evidence (annotations under 1 KiB). A
+changed verdict renews at once and becomes an Event. On `Hung` it first dumps the trainer's
+stacks (through the harness's faulthandler signal) into its log and an Event, then kills the
+training process so the supervisor restarts it in place. When the API is unreachable it keeps
+monitoring and retries with back-off: the agent never crash-loops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.agent.signals import Collector, newest_saved_step
+from trainguard.agent.verdicts import HEALTHY, HUNG, UNKNOWN, Thresholds, Verdict, classify
+from trainguard.api import constants, env
+from trainguard.api.spec import Monitor
+
+ANNOTATION_LIMIT = 1000  # bytes of evidence JSON; all annotations stay well under 1 KiB
+MAX_BACKOFF_S = 30.0
+STACK_WAIT_S = 3.0
+STACK_TAIL_BYTES = 4096
+LOG_PREFIX = "trainguard-agent"
+
+
+def log(message: str) -> None:
+    """One line to the agent's log (stdout), with a wall-clock time."""
+    print(f"{time.strftime('%H:%M:%S')} {LOG_PREFIX}: {message}", flush=True)
+
+
+def thresholds_from_monitor(monitor: Monitor) -> Thresholds:
+    """The classifier's bounds from the run's `spec.monitor`."""
+    return Thresholds(
+        hang_after_s=monitor.hang_after_seconds,
+        slow_after_s=monitor.slow_after_seconds,
+        io_stuck_after_s=monitor.io_stuck_after_seconds,
+        min_tokens_per_s=monitor.min_tokens_per_second or 0.0,
+        ghost_mib=monitor.ghost_memory.threshold_mib,
+        ghost_ratio=monitor.ghost_memory.ratio,
+        release_after_death_s=monitor.ghost_memory.release_timeout_seconds,
+        startup_grace_s=monitor.startup_grace_seconds,
+    )
+
+
+def compact_evidence(verdict: Verdict) -> str:
+    """The verdict's reason and evidence as JSON, cut to fit an annotation."""
+    data = {"reason": verdict.reason, **verdict.evidence}
+    text = json.dumps(data, separators=(",", ":"))
+    while len(text.encode()) > ANNOTATION_LIMIT and len(data["reason"]) > 20:
+        data["reason"] = data["reason"][: len(data["reason"]) // 2] + "..."
+        text = json.dumps(data, separators=(",", ":"))
+    return text
+
+
+@dataclass
+class Paths:
+    """Where the agent reads its signals (from the env contract)."""
+
+    state: Path
+    heartbeat: Path
+    gpu: Path
+    l1: Path
+    log: Path | None
+    stacks: Path
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str]) -> Paths:
+        """Resolve every path from the environment, with the contract's defaults."""
+        state = Path(environ.get(env.STATE_DIR, env.DEFAULT_STATE_DIR))
+        return cls(
+            state=state,
+            heartbeat=Path(environ.get(env.HEARTBEAT_FILE, str(state / env.HEARTBEAT_FILENAME))),
+            gpu=Path(environ.get(env.GPU_FILE, str(state / env.GPU_FILENAME))),
+            l1=Path(environ.get(env.L1_DIR, env.DEFAULT_L1_DIR)),
+            log=Path(environ[env.LOG_FILE]) if environ.get(env.LOG_FILE) else None,
+            stacks=Path(environ.get(env.STACKS_FILE, str(state / env.STACKS_FILENAME))),
+        )
+
+
+def dump_stacks_and_kill(pid: int, stacks: Path) -> str:
+    """Ask the trainer for its stacks (SIGUSR1 → faulthandler), then SIGKILL it."""
+    before = stacks.stat().st_mtime_ns if stacks.exists() else 0
+    dump = ""
+    try:
+        os.kill(pid, signal.SIGUSR1)
+        os.kill(pid, signal.SIGCONT)  # a stopped process handles the signal only once resumed
+        deadline = time.monotonic() + STACK_WAIT_S
+        while time.monotonic() < deadline:
+            if stacks.exists() and stacks.stat().st_mtime_ns != before:
+                time.sleep(0.2)  # let the handler finish writing
+                with stacks.open("rb") as handle:
+                    handle.seek(max(0, stacks.stat().st_size - STACK_TAIL_BYTES))
+                    dump = handle.read().decode(errors="replace")
+                break
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return dump or "(no stack dump: the trainer did not answer SIGUSR1)"
+
+
+class Agent:
+    """The monitoring loop of one training pod."""
+
+    def __init__(self, environ: dict[str, str], client: Any) -> None:
+        self.environ = environ
+        self.client = client
+        self.paths = Paths.from_env(environ)
+        # Parsed by the API's own model: the same defaults and bounds as the CRD.
+        monitor = Monitor.model_validate(json.loads(environ.get(env.MONITOR) or "{}"))
+        self.interval = float(monitor.interval_seconds)
+        self.thresholds = thresholds_from_monitor(monitor)
+        self.lease_duration = int(monitor.lease_duration_seconds)
+        marker = f"{env.L1_DIR}={self.paths.l1}".encode()
+        self.collector = Collector(
+            heartbeat_file=self.paths.heartbeat,
+            gpu_file=self.paths.gpu,
+            l1_dir=self.paths.l1,
+            log_file=self.paths.log,
+            marker=marker,
+            gpu_stale_s=max(5.0, 5 * self.interval),
+        )
+        self.verdict: Verdict | None = None
+        self.killed_pid: int | None = None
+        self.backoff = 0.0
+        self.next_api_try = 0.0
+        self.pending_events: list[tuple[str, str, bool]] = []
+
+    def step(self) -> Verdict:
+        """Observe, classify, act on Hung, report."""
+        now = time.monotonic()
+        signals = self.collector.collect(now, time.time())
+        verdict = classify(signals, self.thresholds)
+        changed = self.verdict is None or verdict.name != self.verdict.name
+        if changed:
+            log(f"verdict {verdict.name}: {verdict.reason}")
+            if verdict.name not in (HEALTHY, UNKNOWN):
+                self.pending_events.append((f"Verdict{verdict.name}", verdict.reason, True))
+        pid = self.collector.pid
+        if verdict.name == HUNG and pid is not None and pid != self.killed_pid:
+            self.killed_pid = pid
+            dump = dump_stacks_and_kill(pid, self.paths.stacks)
+            log(f"stacks of hung trainer pid {pid}:\n{dump}")
+            self.pending_events.append(("HungTrainerStacks", dump[-900:], True))
+        self.verdict = verdict
+        self.report(verdict, force=changed)
+        return verdict
+
+    def annotations(self, verdict: Verdict) -> dict[str, str]:
+        """The Lease annotations for one renewal."""
+        saved = newest_saved_step(self.paths.l1)
+        return {
+            constants.ANNOTATION_VERDICT: verdict.name,
+            constants.ANNOTATION_EVIDENCE: compact_evidence(verdict),
+            constants.ANNOTATION_STEP: ""
+            if self.collector.step is None
+            else str(self.collector.step),
+            constants.ANNOTATION_SAVED_STEP: "" if saved is None else str(saved),
+        }
+
+    def report(self, verdict: Verdict, force: bool) -> None:
+        """Renew the Lease and send pending Events, backing off while the API is away."""
+        now = time.monotonic()
+        if now < self.next_api_try and not force:
+            return
+        try:
+            self.client.renew(self.lease_duration, self.annotations(verdict))
+            while self.pending_events:
+                reason, message, warning = self.pending_events[0]
+                self.client.event(reason, message, warning)
+                self.pending_events.pop(0)
+            self.backoff = 0.0
+        except Exception as err:  # any API failure: keep monitoring, retry later
+            self.backoff = min(MAX_BACKOFF_S, max(self.interval, self.backoff * 2))
+            self.next_api_try = now + self.backoff
+            log(f"API unavailable ({err}); retrying in {self.backoff:.0f}s")
+
+    def run(self, stop_after_s: float | None = None) -> None:
+        """Loop until SIGTERM (or for `stop_after_s`, in tests)."""
+        stopping = False
+
+        def stop(_signum: int, _frame: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        started = time.monotonic()
+        while not stopping:
+            tick = time.monotonic()
+            try:
+                self.step()
+            except Exception as err:  # never crash-loop: a bad reading is logged, not fatal
+                log(f"monitoring pass failed: {err!r}")
+            if stop_after_s is not None and tick - started >= stop_after_s:
+                return
+            time.sleep(max(0.0, self.interval - (time.monotonic() - tick)))
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `trainguard agent`."""
+    parser = argparse.ArgumentParser(prog="trainguard agent", description=__doc__)
+    parser.parse_args(argv)
+    environ = dict(os.environ)
+    from trainguard.k8s.agent_client import AgentApiError, AgentClient, RunRef
+
+    run = RunRef(
+        namespace=environ.get(env.NAMESPACE, "default"),
+        name=environ.get(env.RUN_NAME, ""),
+        uid=environ.get(env.RUN_UID, ""),
+        api_version=constants.API_VERSION,
+        kind=constants.KIND,
+    )
+    if not run.name:
+        print(f"trainguard agent: {env.RUN_NAME} is not set", file=sys.stderr)
+        return 2
+    lease = environ.get(env.LEASE_NAME, f"{run.name}-heartbeat")
+    holder = environ.get(env.POD_NAME, os.uname().nodename)
+    while True:
+        try:
+            client = AgentClient(run, lease, holder)
+            break
+        except AgentApiError as err:
+            log(f"{err}; retrying in 5s")
+            time.sleep(5)
+    log(f"watching run {run.namespace}/{run.name} as {holder}")
+    Agent(environ, client).run()
+    return 0

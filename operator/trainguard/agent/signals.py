@@ -1,0 +1,206 @@
+"""Collect the agent's signals: the trainer process, its heartbeat, checkpoints, GPU, log.
+
+Each collector reads one source and keeps just enough memory across calls to turn states into
+durations (how long the step has been frozen, how long ago the process died, how long it has
+been in uninterruptible I/O). Times are monotonic seconds from the caller, so the collectors
+are testable with a fake clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.agent import gpu
+from trainguard.agent.verdicts import Signals
+from trainguard.ckpt import MANIFEST_FILENAME, parse_step_dirname
+
+# Phases of the harness's heartbeat during which a frozen step is expected.
+PROGRESS_PHASES = ("loading",)
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """The fields of the harness's heartbeat file that the agent uses."""
+
+    pid: int
+    step: int | None
+    time: float | None
+    phase: str | None
+    tokens_per_s: float | None
+    reserved_mib: float | None
+
+
+def parse_heartbeat(data: dict[str, Any]) -> Heartbeat:
+    """Read a heartbeat JSON object (see trainguard_harness.heartbeat for the writer)."""
+
+    def number(*keys: str) -> float | None:
+        for key in keys:
+            value = data.get(key)
+            if isinstance(value, int | float):
+                return float(value)
+        return None
+
+    reserved = number("memory_reserved_mib")
+    if reserved is None:
+        reserved_bytes = number("memory_reserved_bytes", "memory_reserved")
+        reserved = None if reserved_bytes is None else reserved_bytes / MIB
+    step = data.get("step")
+    phase = data.get("phase")
+    return Heartbeat(
+        pid=int(data["pid"]),
+        step=int(step) if isinstance(step, int) else None,
+        time=number("time"),
+        phase=str(phase) if phase else None,
+        tokens_per_s=number("tokens_per_s", "tokens_per_second"),
+        reserved_mib=reserved,
+    )
+
+
+def read_heartbeat(path: Path) -> Heartbeat | None:
+    """The current heartbeat, or None when absent or unreadable (mid-replace is atomic)."""
+    try:
+        return parse_heartbeat(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def proc_state(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The /proc state letter of a process (R, S, D, T, Z, ...), or None when gone."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself contain spaces or parentheses.
+    return stat[stat.rindex(")") + 2 :].split(" ", 1)[0]
+
+
+def _cmdline(pid: int, proc: Path) -> bytes | None:
+    try:
+        return (proc / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return None
+
+
+def _environ_has(pid: int, proc: Path, marker: bytes) -> bool:
+    try:
+        return marker in (proc / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def count_like(pid: int, marker: bytes, proc: Path = Path("/proc")) -> int:
+    """Live processes running the same command line as `pid` with `marker` in their env.
+
+    More than one means a duplicate trainer: the ghost seen from the other side.
+    """
+    reference = _cmdline(pid, proc)
+    if not reference:
+        return 0
+    count = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        other = int(entry.name)
+        if proc_state(other, proc) in (None, "Z"):
+            continue
+        if _cmdline(other, proc) == reference and _environ_has(other, proc, marker):
+            count += 1
+    return count
+
+
+def newest_saved_step(l1: Path) -> int | None:
+    """The newest step in L1 with a manifest (cheap: existence only, no hashing)."""
+    newest = None
+    try:
+        entries = list(l1.iterdir())
+    except OSError:
+        return None
+    for entry in entries:
+        step = parse_step_dirname(entry.name)
+        if step is not None and (entry / MANIFEST_FILENAME).exists():
+            newest = step if newest is None else max(newest, step)
+    return newest
+
+
+@dataclass
+class Collector:
+    """Turns successive observations into the classifier's `Signals`."""
+
+    heartbeat_file: Path
+    gpu_file: Path
+    l1_dir: Path
+    log_file: Path | None
+    marker: bytes  # an env entry only this run's trainer has (e.g. its L1 path)
+    gpu_stale_s: float = 5.0
+    proc: Path = Path("/proc")
+
+    def __post_init__(self) -> None:
+        self.pid: int | None = None
+        self.died_at: float | None = None
+        self.d_since: float | None = None
+        self.step: int | None = None
+        self.step_changed_at: float | None = None
+        self.pid_seen_at: float = 0.0
+        self.last_heartbeat: Heartbeat | None = None
+        self.last_gpu: gpu.GpuSnapshot | None = None
+        self.gpu_fresh = False
+
+    def collect(self, now: float, wall_now: float) -> Signals:
+        """Observe every source once."""
+        beat = read_heartbeat(self.heartbeat_file)
+        self.last_heartbeat = beat
+        if beat is not None and beat.pid != self.pid:
+            # A new trainer process (first start or an in-place restart by the supervisor).
+            self.pid, self.died_at, self.d_since = beat.pid, None, None
+            self.pid_seen_at = now
+            self.step_changed_at = now
+        state = proc_state(self.pid, self.proc) if self.pid is not None else None
+        alive = state is not None and state != "Z"
+        if self.pid is not None and not alive and self.died_at is None:
+            self.died_at = now
+        if state == "D":
+            self.d_since = self.d_since if self.d_since is not None else now
+        else:
+            self.d_since = None
+        if beat is not None and (beat.step != self.step or beat.phase in PROGRESS_PHASES):
+            self.step, self.step_changed_at = beat.step, now
+        snapshot = gpu.read_published(self.gpu_file)
+        self.last_gpu = snapshot
+        self.gpu_fresh = (
+            snapshot is not None
+            and snapshot.available
+            and wall_now - snapshot.time <= self.gpu_stale_s
+        )
+        return Signals(
+            trainer_seen=self.pid is not None,
+            process_alive=alive,
+            process_state=state,
+            process_count=count_like(self.pid, self.marker, self.proc) if alive and self.pid else 0,
+            seconds_since_death=None if self.died_at is None else now - self.died_at,
+            seconds_in_d_state=0.0 if self.d_since is None else now - self.d_since,
+            step=self.step,
+            seconds_since_step_advanced=0.0
+            if self.step_changed_at is None
+            else now - self.step_changed_at,
+            phase=beat.phase if beat else None,
+            tokens_per_s=beat.tokens_per_s if beat and alive else None,
+            framework_reserved_mib=beat.reserved_mib if beat else None,
+            gpu_used_mib=snapshot.used_mib if self.gpu_fresh and snapshot else None,
+            gpu_processes=snapshot.process_count if self.gpu_fresh and snapshot else None,
+            gpu_unattributed_mib=snapshot.unattributed_mib if self.gpu_fresh and snapshot else None,
+            log_age_s=self._log_age(wall_now),
+            seconds_since_start=now - self.pid_seen_at if self.pid is not None else 0.0,
+        )
+
+    def _log_age(self, wall_now: float) -> float | None:
+        if self.log_file is None:
+            return None
+        try:
+            return max(0.0, wall_now - os.stat(self.log_file).st_mtime)
+        except OSError:
+            return None
