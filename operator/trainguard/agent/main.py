@@ -11,6 +11,7 @@ monitoring and retries with back-off: the agent never crash-loops.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -20,11 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.agent.layers import open_layer
+from trainguard.agent.shipper import RESTORE_FILENAME, Shipper, layers_from_env
 from trainguard.agent.signals import Collector, newest_saved_step
 from trainguard.agent.verdicts import HEALTHY, HUNG, UNKNOWN, Thresholds, Verdict, classify
 from trainguard.api import constants, env
 from trainguard.api.spec import Monitor
 
+ANNOTATION_LAYERS = f"{constants.PREFIX}layers"
+ANNOTATION_RESTORED = f"{constants.PREFIX}restored"
+FLUSH_TIMEOUT_S = 20.0
 ANNOTATION_LIMIT = 1000  # bytes of evidence JSON; all annotations stay well under 1 KiB
 MAX_BACKOFF_S = 30.0
 STACK_WAIT_S = 3.0
@@ -111,10 +117,17 @@ def dump_stacks_and_kill(pid: int, stacks: Path) -> str:
 class Agent:
     """The monitoring loop of one training pod."""
 
-    def __init__(self, environ: dict[str, str], client: Any) -> None:
+    def __init__(
+        self, environ: dict[str, str], client: Any, shipper: Shipper | None = None
+    ) -> None:
         self.environ = environ
         self.client = client
+        self.shipper = shipper
         self.paths = Paths.from_env(environ)
+        self.pending_events: list[tuple[str, str, bool]] = []
+        self.restored = _read_restore(self.paths.state)
+        if self.restored:
+            self.pending_events.append(("Restored", self.restored, False))
         # Parsed by the API's own model: the same defaults and bounds as the CRD.
         monitor = Monitor.model_validate(json.loads(environ.get(env.MONITOR) or "{}"))
         self.interval = float(monitor.interval_seconds)
@@ -133,7 +146,6 @@ class Agent:
         self.killed_pid: int | None = None
         self.backoff = 0.0
         self.next_api_try = 0.0
-        self.pending_events: list[tuple[str, str, bool]] = []
 
     def step(self) -> Verdict:
         """Observe, classify, act on Hung, report."""
@@ -158,7 +170,17 @@ class Agent:
     def annotations(self, verdict: Verdict) -> dict[str, str]:
         """The Lease annotations for one renewal."""
         saved = newest_saved_step(self.paths.l1)
+        extra = {}
+        if self.shipper is not None:
+            layers = {
+                name: {k: v for k, v in state.items() if v is not None and k != "at"}
+                for name, state in self.shipper.states().items()
+            }
+            extra[ANNOTATION_LAYERS] = json.dumps(layers, separators=(",", ":"))[:ANNOTATION_LIMIT]
+        if self.restored:
+            extra[ANNOTATION_RESTORED] = self.restored
         return {
+            **extra,
             constants.ANNOTATION_VERDICT: verdict.name,
             constants.ANNOTATION_EVIDENCE: compact_evidence(verdict),
             constants.ANNOTATION_STEP: ""
@@ -203,6 +225,13 @@ class Agent:
             if stop_after_s is not None and tick - started >= stop_after_s:
                 return
             time.sleep(max(0.0, self.interval - (time.monotonic() - tick)))
+        if self.shipper is not None:
+            # The pod is being deleted: its emptyDir dies with it, so the newest verified
+            # checkpoint goes to a remote layer first (bounded by the grace period).
+            flushed = self.shipper.flush(FLUSH_TIMEOUT_S)
+            log(f"flush before exit: {'done' if flushed else 'not completed'}")
+            with contextlib.suppress(Exception):
+                self.report(self.verdict or classify_unknown(), force=True)
 
 
 def main(argv: list[str]) -> int:
@@ -231,6 +260,27 @@ def main(argv: list[str]) -> int:
         except AgentApiError as err:
             log(f"{err}; retrying in 5s")
             time.sleep(5)
-    log(f"watching run {run.namespace}/{run.name} as {holder}")
-    Agent(environ, client).run()
+    paths = Paths.from_env(environ)
+    layers = [open_layer(cfg, environ) for cfg in layers_from_env(environ)]
+    shipper = Shipper(paths.l1, layers) if layers else None
+    if shipper is not None:
+        shipper.start()
+    log(f"watching run {run.namespace}/{run.name} as {holder}; {len(layers)} remote layers")
+    Agent(environ, client, shipper).run()
     return 0
+
+
+def _read_restore(state: Path) -> str:
+    """A one-line account of what the restore step did, if it ran."""
+    try:
+        data = json.loads((state / RESTORE_FILENAME).read_text())
+    except (OSError, ValueError):
+        return ""
+    if data.get("step") is None:
+        return "no checkpoint to restore: started fresh"
+    return f"restored step {data['step']} from layer {data['from_layer']}"
+
+
+def classify_unknown() -> Verdict:
+    """A placeholder verdict for a report before any observation."""
+    return Verdict(UNKNOWN, "agent stopping")

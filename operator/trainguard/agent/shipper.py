@@ -1,0 +1,246 @@
+"""Ship verified L1 checkpoints to the remote layers in the background, and restore from them.
+
+`Shipper` runs in the agent: it never touches the training process, checks each new L1
+checkpoint once (sizes and hashes), ships it to every layer whose cadence allows, verifies the
+remote copy, applies the layer's keep-N and records per-layer state (pending, uploading,
+verified, failed with the error) for the Lease and the run's status. `flush` ships the newest
+checkpoint now, with a bounded wait, before a deliberate pod deletion.
+
+`restore` (the `trainguard restore` init step) picks the newest checkpoint that verifies
+across L1 and every full-content layer, preferring the cheapest source among equal steps, and
+brings it into L1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.agent.layers import COST, Layer, LayerConfig, LayerError, open_layer
+from trainguard.api import env
+from trainguard.ckpt import Contents, scan, verify
+
+PENDING = "pending"
+UPLOADING = "uploading"
+VERIFIED = "verified"
+FAILED = "failed"
+RESTORE_FILENAME = "restore.json"
+MAX_RETRY_S = 60.0
+
+
+@dataclass
+class LayerState:
+    """Where one layer stands."""
+
+    state: str = PENDING
+    step: int | None = None  # newest step verified on the layer
+    uploading: int | None = None
+    error: str | None = None
+    at: float = 0.0
+
+
+def layers_from_env(environ: Mapping[str, str]) -> list[LayerConfig]:
+    """The run's remote layers from TRAINGUARD_LAYERS (the spec's layer list, camelCase)."""
+    raw = json.loads(environ.get(env.LAYERS) or "[]")
+    return [
+        LayerConfig(
+            name=str(item["name"]),
+            uri=str(item["uri"]),
+            contents=str(item.get("contents", "full")),
+            every_steps=int(item.get("everySteps", 0)),
+            every_seconds=float(item.get("everySeconds", 0)),
+            keep=int(item.get("keep", 2)),
+        )
+        for item in raw
+    ]
+
+
+class Shipper(threading.Thread):
+    """The background shipping loop of one pod."""
+
+    def __init__(self, l1: Path, layers: list[Layer], poll_s: float = 1.0) -> None:
+        super().__init__(name="trainguard-shipper", daemon=True)
+        self.l1 = l1
+        self.layers = layers
+        self.poll_s = poll_s
+        self._lock = threading.Lock()
+        self._states = {layer.config.name: LayerState() for layer in layers}
+        self._verified: set[int] = set()
+        self._invalid: set[int] = set()
+        self._shipped_at: dict[str, float] = {}
+        self._retry_at: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        """A copy of every layer's state (for the Lease and status)."""
+        with self._lock:
+            return {name: asdict(state) for name, state in self._states.items()}
+
+    def newest_verified(self) -> int | None:
+        """Newest L1 step that verified (each checkpoint is hashed once)."""
+        for step, path in sorted(self._l1_dirs(), reverse=True):
+            if step in self._verified:
+                return step
+            if step in self._invalid:
+                continue
+            if verify(path).ok:
+                self._verified.add(step)
+                return step
+            self._invalid.add(step)
+        return None
+
+    def _l1_dirs(self) -> list[tuple[int, Path]]:
+        result = scan(self.l1, check_hashes=False)
+        return [(v.step, v.path) for v in result.valid if v.step is not None]
+
+    def ship_once(self, force: bool = False) -> None:
+        """Ship the newest verified checkpoint wherever the cadence allows (or `force`)."""
+        step = self.newest_verified()
+        if step is None:
+            return
+        path = dict(self._l1_dirs()).get(step)
+        if path is None:
+            return
+        now = time.monotonic()
+        for layer in self.layers:
+            name = layer.config.name
+            with self._lock:
+                state = self._states[name]
+                if state.step is not None and state.step >= step:
+                    continue
+            if not force and not self._due(layer, step, now):
+                continue
+            self._set(name, state=UPLOADING, uploading=step, error=None)
+            try:
+                layer.put(path)
+                layer.prune(layer.config.keep)
+            except (LayerError, OSError) as err:
+                delay = min(MAX_RETRY_S, 2 * max(1.0, now - self._retry_at.get(name, now)))
+                self._retry_at[name] = now + delay
+                self._set(name, state=FAILED, uploading=None, error=str(err)[:200])
+                continue
+            self._shipped_at[name] = now
+            self._set(name, state=VERIFIED, step=step, uploading=None, error=None)
+
+    def _due(self, layer: Layer, step: int, now: float) -> bool:
+        name = layer.config.name
+        if now < self._retry_at.get(name, 0.0):
+            return False
+        with self._lock:
+            last = self._states[name].step
+        cfg = layer.config
+        if cfg.every_steps and last is not None and step - last < cfg.every_steps:
+            return False
+        shipped = self._shipped_at.get(name)
+        return not (cfg.every_seconds and shipped is not None and now - shipped < cfg.every_seconds)
+
+    def _set(self, name: str, **changes: Any) -> None:
+        with self._lock:
+            state = self._states[name]
+            for key, value in changes.items():
+                setattr(state, key, value)
+            state.at = time.time()
+
+    def flush(self, timeout_s: float) -> bool:
+        """Ship the newest checkpoint to every layer now; True if at least one has it."""
+        deadline = time.monotonic() + timeout_s
+        newest = self.newest_verified()
+        if newest is None:
+            return False
+        while time.monotonic() < deadline:
+            self.ship_once(force=True)
+            states = self.states().values()
+            if any(s["step"] is not None and s["step"] >= newest for s in states):
+                return True
+            time.sleep(0.2)
+        return False
+
+    def run(self) -> None:
+        """Poll L1 and ship until stopped; errors are recorded, never fatal."""
+        while not self._stop.is_set():
+            try:
+                self.ship_once()
+            except Exception as err:  # keep the shipper alive; the state says what failed
+                print(f"trainguard-shipper: {err!r}", file=sys.stderr, flush=True)
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+
+    def stop(self) -> None:
+        """Stop the loop."""
+        self._stop.set()
+        self._wake.set()
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What `restore` did."""
+
+    step: int | None
+    from_layer: str | None
+    skipped: tuple[str, ...] = ()
+
+
+def restore(l1: Path, layers: list[Layer]) -> RestoreResult:
+    """Bring the newest checkpoint that verifies (L1 or any full layer) into L1."""
+    candidates: list[tuple[int, int, str, Layer | None]] = []
+    skipped: list[str] = []
+    local = scan(l1) if l1.exists() else None
+    if local is not None:
+        for v in local.valid:
+            if v.step is not None:
+                candidates.append((v.step, COST["l1"], "l1", None))
+        skipped += [f"l1 {v.path.name}: {'; '.join(v.reasons)}" for v in local.invalid]
+    for layer in layers:
+        if layer.config.contents != Contents.FULL.value:
+            continue  # weights alone cannot resume optimizer and data position
+        try:
+            steps = layer.steps()
+        except (LayerError, OSError) as err:
+            skipped.append(f"{layer.config.name}: {err}")
+            continue
+        cost = COST.get(layer.config.scheme, 9)
+        candidates += [(step, cost, layer.config.name, layer) for step in steps]
+    # Newest step first; among equal steps the cheapest source.
+    for step, _, name, source in sorted(candidates, key=lambda c: (-c[0], c[1])):
+        if source is None:
+            return RestoreResult(step, name, tuple(skipped))
+        problems = source.verify(step)
+        if problems:
+            skipped.append(f"{name} step {step}: {'; '.join(problems)[:200]}")
+            continue
+        try:
+            source.fetch(step, l1)
+        except (LayerError, OSError) as err:
+            skipped.append(f"{name} step {step}: {err}")
+            continue
+        return RestoreResult(step, name, tuple(skipped))
+    return RestoreResult(None, None, tuple(skipped))
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `trainguard restore` (an init step of the training pod)."""
+    argparse.ArgumentParser(prog="trainguard restore", description=__doc__).parse_args(argv)
+    environ = dict(os.environ)
+    l1 = Path(environ.get(env.L1_DIR, env.DEFAULT_L1_DIR))
+    state = Path(environ.get(env.STATE_DIR, env.DEFAULT_STATE_DIR))
+    l1.mkdir(parents=True, exist_ok=True)
+    layers = [open_layer(cfg, environ) for cfg in layers_from_env(environ)]
+    result = restore(l1, layers)
+    for line in result.skipped:
+        print(f"trainguard restore: skipped invalid {line}", flush=True)
+    if result.step is None:
+        print("trainguard restore: no checkpoint anywhere; training starts fresh", flush=True)
+    else:
+        print(f"trainguard restore: step {result.step} from layer {result.from_layer}", flush=True)
+    state.mkdir(parents=True, exist_ok=True)
+    (state / RESTORE_FILENAME).write_text(json.dumps(asdict(result)))
+    return 0

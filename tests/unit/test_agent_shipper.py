@@ -1,0 +1,121 @@
+"""Shipping verified L1 checkpoints to a file:// layer and restoring the newest valid one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.agent.layers import FileLayer, LayerConfig, open_layer
+from trainguard.agent.shipper import FAILED, VERIFIED, Shipper, restore
+from trainguard.ckpt import CheckpointTransaction, Contents, scan, step_dirname
+
+pytestmark = pytest.mark.unit
+
+
+def _save(root: Path, step: int, payload: bytes = b"x" * 4096) -> Path:
+    with CheckpointTransaction(root, step, contents=Contents.FULL) as txn:
+        txn.write_file("model.bin", payload + step.to_bytes(4, "little"))
+        txn.write_file("optimizer.bin", payload[::-1])
+        committed = txn.commit()
+    return Path(committed.path)
+
+
+def _layer(root: Path, name: str = "backup", contents: str = "full", keep: int = 2) -> FileLayer:
+    return FileLayer(LayerConfig(name, f"file://{root}", contents=contents, keep=keep), root)
+
+
+def test_ships_newest_and_keeps_n(tmp_path: Path) -> None:
+    l1, remote = tmp_path / "l1", tmp_path / "remote"
+    layer = _layer(remote, keep=2)
+    shipper = Shipper(l1, [layer])
+    for step in (10, 20, 30):
+        _save(l1, step)
+        shipper.ship_once()
+    assert layer.steps() == [20, 30]
+    state = shipper.states()["backup"]
+    assert state["state"] == VERIFIED
+    assert state["step"] == 30
+    assert all(not layer.verify(s) for s in layer.steps())
+
+
+def test_corrupt_l1_checkpoint_is_never_shipped(tmp_path: Path) -> None:
+    l1, remote = tmp_path / "l1", tmp_path / "remote"
+    _save(l1, 10)
+    bad = _save(l1, 20)
+    data = bytearray((bad / "model.bin").read_bytes())
+    data[0] ^= 0xFF
+    (bad / "model.bin").write_bytes(bytes(data))
+    layer = _layer(remote)
+    Shipper(l1, [layer]).ship_once()
+    assert layer.steps() == [10]
+
+
+def test_weights_layer_gets_weights_only(tmp_path: Path) -> None:
+    l1, remote = tmp_path / "l1", tmp_path / "remote"
+    _save(l1, 5)
+    layer = _layer(remote, contents="weights")
+    Shipper(l1, [layer]).ship_once()
+    shipped = remote / step_dirname(5)
+    assert sorted(p.name for p in shipped.iterdir()) == ["MANIFEST.json", "model.bin"]
+    assert scan(remote).valid[0].manifest is not None
+    assert scan(remote).valid[0].manifest.contents == Contents.WEIGHTS  # type: ignore[union-attr]
+
+
+def test_failed_upload_is_reported_with_the_error(tmp_path: Path) -> None:
+    l1 = tmp_path / "l1"
+    _save(l1, 1)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the layer's directory should be")
+    shipper = Shipper(l1, [_layer(blocker)])
+    shipper.ship_once()
+    state = shipper.states()["backup"]
+    assert state["state"] == FAILED
+    assert state["error"]
+
+
+def test_restore_prefers_newest_then_cheapest_and_skips_corrupt(tmp_path: Path) -> None:
+    l1, remote = tmp_path / "l1", tmp_path / "remote"
+    for step in (10, 20):
+        _save(remote, step)
+    _save(l1, 10)
+    layer = _layer(remote)
+    result = restore(l1, [layer])
+    assert (result.step, result.from_layer) == (20, "backup")
+    assert (l1 / step_dirname(20) / "MANIFEST.json").exists()
+
+    # Equal steps: the local copy is the cheapest source.
+    assert restore(l1, [layer]).from_layer == "l1"
+
+    # A corrupt newest copy on a fresh node: reported and skipped, the previous one restored.
+    fresh = tmp_path / "fresh-l1"
+    victim = remote / step_dirname(20) / "optimizer.bin"
+    victim.write_bytes(b"corrupted")
+    result = restore(fresh, [layer])
+    assert (result.step, result.from_layer) == (10, "backup")
+    assert any("step 20" in line for line in result.skipped)
+
+
+def test_restore_with_nothing_anywhere_starts_fresh(tmp_path: Path) -> None:
+    result = restore(tmp_path / "l1", [_layer(tmp_path / "remote")])
+    assert result.step is None
+
+
+def test_flush_ships_now_despite_cadence(tmp_path: Path) -> None:
+    l1, remote = tmp_path / "l1", tmp_path / "remote"
+    layer = FileLayer(LayerConfig("slow", f"file://{remote}", every_seconds=3600), remote)
+    shipper = Shipper(l1, [layer])
+    _save(l1, 1)
+    shipper.ship_once()
+    _save(l1, 2)
+    shipper.ship_once()
+    assert layer.steps() == [1]  # the cadence held step 2 back
+    assert shipper.flush(timeout_s=5)
+    assert layer.steps() == [1, 2]
+
+
+def test_open_layer_uses_the_mounted_path(tmp_path: Path) -> None:
+    cfg = LayerConfig("nfs-backup", "file:///backups/run")
+    layer = open_layer(cfg, {"TRAINGUARD_LAYER_PATH_NFS_BACKUP": str(tmp_path)})
+    assert isinstance(layer, FileLayer)
+    assert layer.root == tmp_path
