@@ -22,6 +22,7 @@ def test_simulated_probe_accounts_for_live_processes_and_ghost(tmp_path: Path) -
     assert snap.source == gpu.SOURCE_SIMULATED
     assert snap.used_mib == pytest.approx(3000 + 5000 + 700)
     assert snap.process_count == 2
+    assert snap.unattributed_mib == pytest.approx(5000)
     assert snap.total_mib == pytest.approx(gpu.SIMULATED_TOTAL_MIB)
 
 
