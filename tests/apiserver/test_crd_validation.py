@@ -1,0 +1,45 @@
+"""The real apiserver rejects every invalid run of the shared table, naming the field."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from api_cases import CASES, Case, base_run
+from trainguard.api import TrainingRun
+
+pytestmark = pytest.mark.apiserver
+
+ServerCreate = Callable[[dict[str, Any]], subprocess.CompletedProcess[str]]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_base_run_is_accepted(server_create: ServerCreate) -> None:
+    result = server_create(base_run())
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("example", ["minimal.yaml", "full.yaml"])
+def test_examples_are_accepted_and_defaulted_like_the_models(
+    server_create: ServerCreate, example: str
+) -> None:
+    obj = yaml.safe_load((EXAMPLES / example).read_text())
+    result = server_create(obj)
+    assert result.returncode == 0, result.stderr
+    stored = json.loads(result.stdout)
+    assert TrainingRun.from_object(stored).spec == TrainingRun.from_object(obj).spec
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_apiserver_rejects(server_create: ServerCreate, case: Case) -> None:
+    result = server_create(case.run())
+    assert result.returncode != 0, f"accepted: {case.run()}"
+    assert case.field in result.stderr, result.stderr
+    if case.says is not None:
+        assert case.says in result.stderr, result.stderr
