@@ -255,7 +255,8 @@ def _default(schema: Schema) -> str:
 
 
 def _escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    # Table cells: no pipes or line breaks; `<bucket>` must not read as an HTML tag.
+    return text.replace("|", "\\|").replace("\n", " ").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _objects(path: str, schema: Schema) -> Iterator[tuple[str, Schema]]:
@@ -289,10 +290,13 @@ def configuration_markdown() -> str:
             required = set(schema.get("required", []))
             lines += ["", "| field | type | default | description |", "|---|---|---|---|"]
             for name, prop in schema["properties"].items():
+                # An object's own defaults and rules are in its section, below.
+                section = "properties" in prop
                 default = "required" if name in required else _default(prop)
-                text = " ".join(
-                    [prop.get("description", "")] + [f"({note})" for note in _constraints(prop)]
-                )
+                if section and default.startswith("`"):
+                    default = "see below"
+                notes = [] if section else _constraints(prop)
+                text = " ".join([prop.get("description", "")] + [f"({note})" for note in notes])
                 lines.append(f"| `{name}` | {_type_name(prop)} | {default} | {_escape(text)} |")
     return "\n".join(lines) + "\n"
 
