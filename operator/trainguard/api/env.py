@@ -27,6 +27,9 @@ spell the strings elsewhere.
 | TRAINGUARD_MONITOR | the run's `spec.monitor`, as JSON (camelCase keys, as in the API) |
 | TRAINGUARD_LAYERS | the run's remote layers (`spec.checkpoints.layers`), as a JSON list |
 | TRAINGUARD_STACKS_FILE | where the harness's faulthandler writes stack dumps (state dir) |
+| TRAINGUARD_DATA_SOURCE | data source of `stage-data`: a directory (source PVC mount) or URI |
+| TRAINGUARD_DATA_BYTES | expected size of the staged data, bytes (`preflight` free space) |
+| TRAINGUARD_CKPT_BYTES | size of one full checkpoint, bytes (`preflight` test file, free space) |
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ LEASE_NAME = "TRAINGUARD_LEASE_NAME"
 MONITOR = "TRAINGUARD_MONITOR"
 LAYERS = "TRAINGUARD_LAYERS"
 STACKS_FILE = "TRAINGUARD_STACKS_FILE"
+DATA_SOURCE = "TRAINGUARD_DATA_SOURCE"
+DATA_BYTES = "TRAINGUARD_DATA_BYTES"
+CKPT_BYTES = "TRAINGUARD_CKPT_BYTES"
 
 # Default mount paths inside a training pod.
 DEFAULT_L1_DIR = "/trainguard/l1"
