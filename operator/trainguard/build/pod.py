@@ -1,0 +1,435 @@
+"""The training pod of attempt k (DESIGN.md, "The flow", step 3).
+
+Containers, in start order: the agent as a native sidecar (an init container with
+`restartPolicy: Always`, so it watches the init steps too), the init steps `preflight`,
+`stage-data` (when the data is staged) and `restore` (when there is a layer to restore
+from), then the trainer under the supervisor. Every container gets the env contract of
+`trainguard.api.env`; the trainer's hot path (data, L1) is on local volumes sized by
+`trainguard.build.sizing`; remote-layer volumes are mounted into the agent and the restore
+step only, never into the trainer.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from trainguard.api import TrainingRun, TrainingRunSpec, env
+from trainguard.api.constants import (
+    ANNOTATION_SPEC_HASH,
+    COMPONENT_TRAINING_POD,
+    TAINT_UNHEALTHY,
+)
+from trainguard.api.spec import Data, RemoteLayer
+from trainguard.api.types import FILE_URI_PREFIX
+from trainguard.build.constants import (
+    AGENT_COMMAND,
+    AGENT_CPU,
+    AGENT_MEMORY,
+    AGENT_MEMORY_LIMIT,
+    CREDENTIALS_DIR,
+    CREDENTIALS_VOLUME_PREFIX,
+    DATA_SOURCE_DIR,
+    INIT_CPU,
+    INIT_MEMORY,
+    INIT_MEMORY_LIMIT,
+    LAYER_PATH_ENV_PREFIX,
+    LOG_DIR,
+    LOG_VOLUME_BYTES,
+    REMOTE_VOLUME_PREFIX,
+    STATE_VOLUME_BYTES,
+    SUPERVISOR_COMMAND,
+    TERMINATION_GRACE_SECONDS,
+    Container,
+    Volume,
+)
+from trainguard.build.meta import child_meta, run_name
+from trainguard.build.names import lease_name, pod_labels, pod_name, rbac_name
+from trainguard.build.sizing import DiskSizes, disk_sizes, mebibytes
+
+# Secrets are read by the agent's user only.
+SECRET_MODE = 0o400
+# Node affinity on the node's name, not its hostname label, which may differ from it.
+NODE_NAME_FIELD = "metadata.name"
+SPEC_HASH_LENGTH = 16
+
+
+@dataclass(frozen=True)
+class PodInputs:
+    """What the pod depends on besides the spec: the attempt, status and operator settings."""
+
+    attempt: int
+    excluded_nodes: tuple[str, ...] = ()
+    agent_image: str = ""
+
+
+def spec_hash(spec: TrainingRunSpec) -> str:
+    """A digest of everything in the spec a pod is built from (all of it but `suspend`)."""
+    data = spec.to_object()
+    data.pop("suspend", None)
+    encoded = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()[:SPEC_HASH_LENGTH]
+
+
+def training_pod(run: TrainingRun, inputs: PodInputs) -> dict[str, Any]:
+    """The complete pod manifest of attempt `inputs.attempt`."""
+    name = run_name(run)
+    spec = run.spec
+    sizes = disk_sizes(spec)
+    env_common = contract_env(run, inputs.attempt)
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": rbac_name(name),
+        "restartPolicy": "Never",
+        "shareProcessNamespace": True,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "initContainers": [
+            _agent(spec, inputs.agent_image, env_common),
+            *_init_steps(spec, inputs.agent_image, env_common),
+        ],
+        "containers": [_trainer(spec, sizes, env_common)],
+        "volumes": _volumes(spec, sizes),
+    }
+    if spec.placement.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.placement.node_selector)
+    tolerations = [t.to_object() for t in spec.placement.tolerations if t.key != TAINT_UNHEALTHY]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    if inputs.excluded_nodes:
+        pod_spec["affinity"] = _excluding(inputs.excluded_nodes)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": child_meta(
+            run,
+            pod_name(name, inputs.attempt),
+            pod_labels(name, COMPONENT_TRAINING_POD, inputs.attempt),
+            {ANNOTATION_SPEC_HASH: spec_hash(spec)},
+        ),
+        "spec": pod_spec,
+    }
+
+
+def layer_path_env(layer: str) -> str:
+    """The variable that tells the agent where a `file://` layer's volume is mounted."""
+    return LAYER_PATH_ENV_PREFIX + layer.upper().replace("-", "_")
+
+
+def contract_env(run: TrainingRun, attempt: int) -> list[dict[str, Any]]:
+    """The env contract (`trainguard.api.env`) as every container of the pod sees it."""
+    name = run_name(run)
+    spec = run.spec
+    state = env.DEFAULT_STATE_DIR
+    values = {
+        env.RUN_NAME: name,
+        env.RUN_UID: run.metadata.uid,
+        env.NAMESPACE: run.metadata.namespace,
+        env.ATTEMPT: str(attempt),
+        env.LEASE_NAME: lease_name(name),
+        env.L1_DIR: spec.checkpoints.l1.mount_path,
+        env.STATE_DIR: state,
+        env.HEARTBEAT_FILE: f"{state}/{env.HEARTBEAT_FILENAME}",
+        env.GPU_FILE: f"{state}/{env.GPU_FILENAME}",
+        env.STACKS_FILE: f"{state}/{env.STACKS_FILENAME}",
+        env.LOG_FILE: f"{LOG_DIR}/{env.LOG_FILENAME}",
+        env.KEEP_LAST: str(spec.checkpoints.l1.keep_last),
+        env.CKPT_EVERY_STEPS: str(spec.checkpoints.every_steps),
+        env.CKPT_EVERY_SECONDS: str(spec.checkpoints.every_seconds),
+        env.HASH: spec.checkpoints.hash_algorithm.value,
+        env.MONITOR: _json(spec.monitor.to_object()),
+        env.LAYERS: _json([layer.to_object() for layer in spec.checkpoints.remote]),
+    }
+    sizes = disk_sizes(spec)
+    if sizes.checkpoint is not None:
+        values[env.CKPT_BYTES] = str(sizes.checkpoint)
+    if spec.data is not None:
+        values[env.DATA_DIR] = spec.data.mount_path
+        if spec.data.stage:
+            values[env.DATA_SOURCE] = _staging_source(spec.data)
+        if sizes.data is not None:
+            values[env.DATA_BYTES] = str(sizes.data)
+    for layer in _remote_claims(spec):
+        values[layer_path_env(layer.name)] = _layer_mount_path(layer)
+    items: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in values.items()]
+    for variable, field_path in ((env.NODE_NAME, "spec.nodeName"), (env.POD_NAME, "metadata.name")):
+        items.append({"name": variable, "valueFrom": {"fieldRef": {"fieldPath": field_path}}})
+    return items
+
+
+def _staging_source(data: Data) -> str:
+    # A source PVC is mounted into the stage-data step; a URI is fetched by it.
+    return DATA_SOURCE_DIR if data.source.pvc is not None else str(data.source.uri)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _layer_mount_path(layer: RemoteLayer) -> str:
+    # A file:// layer's volume is mounted at the URI's path, so the URI means the same inside.
+    return layer.uri.removeprefix(FILE_URI_PREFIX)
+
+
+def _restricted(add: tuple[str, ...] = ()) -> dict[str, Any]:
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if add:
+        capabilities["add"] = list(add)
+    return {
+        "allowPrivilegeEscalation": False,
+        "runAsNonRoot": True,
+        "capabilities": capabilities,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _mount(
+    volume: str, path: str, read_only: bool = False, sub_path: str | None = None
+) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": volume, "mountPath": path}
+    if read_only:
+        mount["readOnly"] = True
+    if sub_path:
+        mount["subPath"] = sub_path
+    return mount
+
+
+def _gpus(spec: TrainingRunSpec) -> dict[str, str]:
+    resources = spec.trainer.resources
+    return {resources.gpu_resource: str(resources.gpus)} if resources.gpus else {}
+
+
+def _l1_mount(spec: TrainingRunSpec) -> dict[str, Any]:
+    return _mount(Volume.L1, spec.checkpoints.l1.mount_path)
+
+
+def _state_mount() -> dict[str, Any]:
+    return _mount(Volume.STATE, env.DEFAULT_STATE_DIR)
+
+
+def _remote_claims(spec: TrainingRunSpec) -> list[RemoteLayer]:
+    return [layer for layer in spec.checkpoints.remote if layer.claim_name is not None]
+
+
+def _remote_mounts(spec: TrainingRunSpec, read_only: bool) -> list[dict[str, Any]]:
+    mounts = [
+        _mount(REMOTE_VOLUME_PREFIX + layer.name, _layer_mount_path(layer), read_only)
+        for layer in _remote_claims(spec)
+    ]
+    mounts += [
+        _mount(CREDENTIALS_VOLUME_PREFIX + layer.name, f"{CREDENTIALS_DIR}/{layer.name}", True)
+        for layer in spec.checkpoints.remote
+        if layer.credentials_secret is not None
+    ]
+    return mounts
+
+
+def _small(cpu: str, memory: str, memory_limit: str) -> dict[str, Any]:
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory_limit}}
+
+
+def _agent(spec: TrainingRunSpec, image: str, env_common: list[dict[str, Any]]) -> dict[str, Any]:
+    # py-spy needs ptrace: an opt-in that the restricted Pod Security profile forbids.
+    add = ("SYS_PTRACE",) if spec.monitor.py_spy else ()
+    return {
+        "name": Container.AGENT,
+        "image": image,
+        "command": list(AGENT_COMMAND),
+        "restartPolicy": "Always",
+        "env": copy.deepcopy(env_common),
+        "resources": _small(AGENT_CPU, AGENT_MEMORY, AGENT_MEMORY_LIMIT),
+        "securityContext": _restricted(add),
+        "volumeMounts": [
+            _l1_mount(spec),
+            _state_mount(),
+            _mount(Volume.LOGS, LOG_DIR, read_only=True),
+            *_remote_mounts(spec, read_only=False),
+        ],
+    }
+
+
+def _init_step(
+    step: str,
+    image: str,
+    env_common: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+    gpus: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    resources = _small(INIT_CPU, INIT_MEMORY, INIT_MEMORY_LIMIT)
+    if gpus:
+        # Init steps that check the GPU request the same GPUs as the trainer.
+        resources["requests"].update(gpus)
+        resources["limits"].update(gpus)
+    container: dict[str, Any] = {
+        "name": step,
+        "image": image,
+        "command": ["trainguard", step],
+        "env": copy.deepcopy(env_common),
+        "resources": resources,
+        "securityContext": _restricted(),
+        "volumeMounts": mounts,
+    }
+    return container
+
+
+def _init_steps(
+    spec: TrainingRunSpec, image: str, env_common: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    steps = [
+        _init_step(
+            Container.PREFLIGHT,
+            image,
+            env_common,
+            [_l1_mount(spec), _state_mount()],
+            gpus=_gpus(spec),
+        )
+    ]
+    data = spec.data
+    if data is not None and data.stage:
+        mounts = [_mount(Volume.DATA, data.mount_path)]
+        if data.source.pvc is not None:
+            mounts.append(
+                _mount(Volume.DATA_SOURCE, DATA_SOURCE_DIR, True, data.source.pvc.sub_path)
+            )
+        steps.append(_init_step(Container.STAGE_DATA, image, env_common, mounts))
+    if spec.checkpoints.remote or spec.checkpoints.l1.storage.local_volume is not None:
+        steps.append(
+            _init_step(
+                Container.RESTORE,
+                image,
+                env_common,
+                [_l1_mount(spec), _state_mount(), *_remote_mounts(spec, read_only=True)],
+            )
+        )
+    return steps
+
+
+def _trainer_env(spec: TrainingRunSpec, env_common: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # The contract's variables win over the user's of the same name (names must be unique).
+    ours = {item["name"] for item in env_common}
+    user = [item.to_object() for item in spec.trainer.env if item.name not in ours]
+    return [*user, *copy.deepcopy(env_common)]
+
+
+def _trainer(
+    spec: TrainingRunSpec, sizes: DiskSizes, env_common: list[dict[str, Any]]
+) -> dict[str, Any]:
+    trainer = spec.trainer
+    requests: dict[str, str] = {"ephemeral-storage": mebibytes(sizes.ephemeral_request)}
+    limits: dict[str, str] = {}
+    for resource, value in (("cpu", trainer.resources.cpu), ("memory", trainer.resources.memory)):
+        if value is not None:
+            requests[resource] = limits[resource] = str(value)
+    requests.update(_gpus(spec))
+    limits.update(_gpus(spec))
+    mounts = [_l1_mount(spec), _state_mount(), _mount(Volume.LOGS, LOG_DIR)]
+    if spec.data is not None:
+        # Staged data is a local copy; an unstaged PVC is read in place, at its subPath.
+        sub_path = (
+            None
+            if spec.data.stage or spec.data.source.pvc is None
+            else spec.data.source.pvc.sub_path
+        )
+        mounts.insert(0, _mount(Volume.DATA, spec.data.mount_path, True, sub_path))
+    container: dict[str, Any] = {
+        "name": Container.TRAINER,
+        "image": trainer.image,
+        "command": [*SUPERVISOR_COMMAND, *trainer.command],
+        "env": _trainer_env(spec, env_common),
+        "resources": {"requests": requests, "limits": limits} if limits else {"requests": requests},
+        "securityContext": _restricted(),
+        "volumeMounts": mounts,
+    }
+    if trainer.args:
+        container["args"] = list(trainer.args)
+    if trainer.working_dir:
+        container["workingDir"] = trainer.working_dir
+    return container
+
+
+def _empty_dir(size: int | None, medium: str | None = None) -> dict[str, Any]:
+    source: dict[str, Any] = {}
+    if medium:
+        source["medium"] = medium
+    if size is not None:
+        source["sizeLimit"] = mebibytes(size)
+    return {"emptyDir": source}
+
+
+def _claim(name: str, read_only: bool) -> dict[str, Any]:
+    claim: dict[str, Any] = {"claimName": name}
+    if read_only:
+        claim["readOnly"] = True
+    return {"persistentVolumeClaim": claim}
+
+
+def _l1_volume(spec: TrainingRunSpec, sizes: DiskSizes) -> dict[str, Any]:
+    local = spec.checkpoints.l1.storage.local_volume
+    if local is None:
+        return _empty_dir(sizes.l1)
+    storage_class = local.storage_class_name or spec.placement.local_storage_class_name
+    # A generic ephemeral volume: a PVC of the node-local class, created and deleted with
+    # the pod (a rescheduled run restores from a remote layer, not from the old node's disk).
+    return {
+        "ephemeral": {
+            "volumeClaimTemplate": {
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": storage_class,
+                    "resources": {"requests": {"storage": mebibytes(sizes.l1 or 0)}},
+                }
+            }
+        }
+    }
+
+
+def _volumes(spec: TrainingRunSpec, sizes: DiskSizes) -> list[dict[str, Any]]:
+    volumes = [
+        {"name": Volume.L1, **_l1_volume(spec, sizes)},
+        {"name": Volume.STATE, **_empty_dir(STATE_VOLUME_BYTES, medium="Memory")},
+        {"name": Volume.LOGS, **_empty_dir(LOG_VOLUME_BYTES)},
+    ]
+    data = spec.data
+    if data is not None:
+        pvc = data.source.pvc
+        if data.stage:
+            volumes.insert(0, {"name": Volume.DATA, **_empty_dir(sizes.data)})
+            if pvc is not None:
+                volumes.append({"name": Volume.DATA_SOURCE, **_claim(pvc.claim_name, True)})
+        elif pvc is not None:
+            volumes.insert(0, {"name": Volume.DATA, **_claim(pvc.claim_name, True)})
+    for layer in _remote_claims(spec):
+        volumes.append(
+            {"name": REMOTE_VOLUME_PREFIX + layer.name, **_claim(str(layer.claim_name), False)}
+        )
+    for layer in spec.checkpoints.remote:
+        if layer.credentials_secret is not None:
+            volumes.append(
+                {
+                    "name": CREDENTIALS_VOLUME_PREFIX + layer.name,
+                    "secret": {
+                        "secretName": layer.credentials_secret.name,
+                        "defaultMode": SECRET_MODE,
+                    },
+                }
+            )
+    return volumes
+
+
+def _excluding(nodes: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": sorted(nodes)}
+                        ]
+                    }
+                ]
+            }
+        }
+    }

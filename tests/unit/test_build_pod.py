@@ -1,0 +1,422 @@
+"""The training pod of attempt k, field by field, and one table row per spec switch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from run_factory import UID, make_run
+
+from trainguard.agent.layers import LAYER_PATH_ENV_PREFIX as AGENT_LAYER_PATH_PREFIX
+from trainguard.api import env
+from trainguard.build.constants import LAYER_PATH_ENV_PREFIX
+from trainguard.build.pod import PodInputs, layer_path_env, spec_hash, training_pod
+
+pytestmark = pytest.mark.unit
+
+IMAGE = "registry.example/trainguard:test"
+GI = 2**30
+# Every variable of the env contract, read from the module that defines it.
+CONTRACT = {
+    value
+    for key, value in vars(env).items()
+    if key.isupper() and isinstance(value, str) and value.startswith("TRAINGUARD_")
+}
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+BACKUP_LAYER = {
+    "name": "backup",
+    "uri": "file:///mnt/backup/llm",
+    "claimName": "nfs-backup",
+}
+S3_LAYER = {"name": "s3", "uri": "s3://ckpts/llm", "credentialsSecret": {"name": "s3-creds"}}
+
+
+def pod(spec: dict[str, Any] | None = None, attempt: int = 1, **inputs: Any) -> dict[str, Any]:
+    return training_pod(make_run(spec), PodInputs(attempt, agent_image=IMAGE, **inputs))
+
+
+def containers(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = manifest["spec"]
+    return {c["name"]: c for c in [*spec["initContainers"], *spec["containers"]]}
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {m["mountPath"]: m for m in container["volumeMounts"]}
+
+
+def volumes(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in manifest["spec"]["volumes"]}
+
+
+def test_minimal_pod_field_by_field() -> None:
+    manifest = pod(attempt=3)
+    meta, spec = manifest["metadata"], manifest["spec"]
+    assert meta["name"] == "llm-3"
+    assert meta["namespace"] == "team-a"
+    assert meta["labels"] == {
+        "trainguard.dev/run": "llm",
+        "trainguard.dev/attempt": "3",
+        "trainguard.dev/component": "training-pod",
+        "app.kubernetes.io/managed-by": "trainguard",
+    }
+    assert meta["annotations"] == {"trainguard.dev/spec-hash": spec_hash(make_run().spec)}
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "trainguard.dev/v1alpha1",
+            "kind": "TrainingRun",
+            "name": "llm",
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert spec["serviceAccountName"] == "llm-trainguard"
+    assert spec["restartPolicy"] == "Never"
+    assert spec["shareProcessNamespace"] is True
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert "affinity" not in spec and "nodeSelector" not in spec and "tolerations" not in spec
+    assert [c["name"] for c in spec["initContainers"]] == ["agent", "preflight"]
+    assert [c["name"] for c in spec["containers"]] == ["trainer"]
+
+    agent = spec["initContainers"][0]
+    assert agent["restartPolicy"] == "Always"  # a native sidecar
+    assert agent["image"] == IMAGE
+    assert agent["command"] == ["trainguard", "agent"]
+
+    trainer = spec["containers"][0]
+    assert trainer["image"] == "trainer:1"
+    assert trainer["command"] == ["trainguard", "supervise", "--", "python", "train.py"]
+    assert "args" not in trainer
+    # 1e9 parameters x 16 B = 16 GB per checkpoint, 3 on disk, + 3 GiB + 5 % margin.
+    assert trainer["resources"] == {
+        "requests": {"ephemeral-storage": "51138Mi", "nvidia.com/gpu": "1"},
+        "limits": {"nvidia.com/gpu": "1"},
+    }
+    assert mounts(trainer) == {
+        "/trainguard/l1": {"name": "l1", "mountPath": "/trainguard/l1"},
+        "/trainguard/state": {"name": "state", "mountPath": "/trainguard/state"},
+        "/trainguard/logs": {"name": "logs", "mountPath": "/trainguard/logs"},
+    }
+    assert volumes(manifest) == {
+        "l1": {"name": "l1", "emptyDir": {"sizeLimit": "45777Mi"}},
+        "state": {"name": "state", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+        "logs": {"name": "logs", "emptyDir": {"sizeLimit": "2048Mi"}},
+    }
+
+
+def test_every_container_is_restricted() -> None:
+    for container in containers(pod()).values():
+        assert container["securityContext"] == RESTRICTED, container["name"]
+
+
+def test_every_container_gets_the_whole_env_contract() -> None:
+    manifest = pod({"data": {"source": {"uri": "s3://shards/x"}, "size": "2Gi"}}, attempt=2)
+    for container in containers(manifest).values():
+        names = [e["name"] for e in container["env"]]
+        assert len(names) == len(set(names)), container["name"]
+        assert set(names) >= CONTRACT, container["name"]
+    values = env_of(containers(manifest)["trainer"])
+    assert values[env.RUN_NAME] == "llm"
+    assert values[env.RUN_UID] == UID
+    assert values[env.NAMESPACE] == "team-a"
+    assert values[env.ATTEMPT] == "2"
+    assert values[env.LEASE_NAME] == "llm-heartbeat"
+    assert values[env.NODE_NAME] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert values[env.POD_NAME] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert values[env.L1_DIR] == "/trainguard/l1"
+    assert values[env.DATA_DIR] == "/trainguard/data"
+    assert values[env.DATA_SOURCE] == "s3://shards/x"
+    assert values[env.DATA_BYTES] == str(2 * GI)
+    assert values[env.CKPT_BYTES] == str(16 * 10**9)
+    assert values[env.HEARTBEAT_FILE] == "/trainguard/state/heartbeat.json"
+    assert values[env.GPU_FILE] == "/trainguard/state/gpu.json"
+    assert values[env.STACKS_FILE] == "/trainguard/state/stacks.txt"
+    assert values[env.LOG_FILE] == "/trainguard/logs/trainer.log"
+    assert values[env.KEEP_LAST] == "2"
+    assert values[env.CKPT_EVERY_STEPS] == "50"
+    assert values[env.CKPT_EVERY_SECONDS] == "0"
+    assert values[env.HASH] == "xxh3"
+    assert '"hangAfterSeconds":300' in values[env.MONITOR]
+    assert values[env.LAYERS] == "[]"
+
+
+def test_sizes_the_run_does_not_declare_are_left_out() -> None:
+    values = env_of(containers(pod({"model": {"parameters": None}}))["preflight"])
+    assert not {env.CKPT_BYTES, env.DATA_BYTES, env.DATA_SOURCE, env.DATA_DIR} & set(values)
+
+
+def test_user_env_is_kept_but_cannot_override_the_contract() -> None:
+    manifest = pod(
+        {
+            "trainer": {
+                "env": [
+                    {"name": "NCCL_DEBUG", "value": "INFO"},
+                    {"name": env.ATTEMPT, "value": "99"},
+                ]
+            }
+        }
+    )
+    trainer = containers(manifest)["trainer"]
+    assert trainer["env"][0] == {"name": "NCCL_DEBUG", "value": "INFO"}
+    assert env_of(trainer)[env.ATTEMPT] == "1"
+
+
+INIT_STEPS: list[tuple[str, dict[str, Any], list[str]]] = [
+    ("minimal", {}, ["agent", "preflight"]),
+    (
+        "staged uri data",
+        {"data": {"source": {"uri": "s3://shards/x"}}},
+        ["agent", "preflight", "stage-data"],
+    ),
+    (
+        "data read in place",
+        {"data": {"source": {"pvc": {"claimName": "shards"}}, "stage": False}},
+        ["agent", "preflight"],
+    ),
+    ("remote layer", {"checkpoints": {"remote": [S3_LAYER]}}, ["agent", "preflight", "restore"]),
+    (
+        "local-volume L1",
+        {
+            "checkpoints": {
+                "l1": {"storage": {"localVolume": {"storageClassName": "lv", "size": "1Ti"}}}
+            }
+        },
+        ["agent", "preflight", "restore"],
+    ),
+    (
+        "everything",
+        {"data": {"source": {"uri": "s3://shards/x"}}, "checkpoints": {"remote": [S3_LAYER]}},
+        ["agent", "preflight", "stage-data", "restore"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"), [c[1:] for c in INIT_STEPS], ids=[c[0] for c in INIT_STEPS]
+)
+def test_init_steps_follow_the_spec(changes: dict[str, Any], expected: list[str]) -> None:
+    manifest = pod(changes)
+    assert [c["name"] for c in manifest["spec"]["initContainers"]] == expected
+    for step in manifest["spec"]["initContainers"][1:]:
+        assert step["command"] == ["trainguard", step["name"]]
+        assert step["image"] == IMAGE
+        assert "restartPolicy" not in step  # runs to completion, in order
+
+
+def test_staging_from_a_pvc_copies_it_to_a_local_volume() -> None:
+    manifest = pod(
+        {
+            "data": {
+                "source": {"pvc": {"claimName": "shards", "subPath": "v3"}},
+                "size": "71Gi",
+            }
+        }
+    )
+    stage = containers(manifest)["stage-data"]
+    assert env_of(stage)[env.DATA_SOURCE] == "/trainguard/source"
+    assert env_of(stage)[env.DATA_BYTES] == str(71 * GI)
+    assert mounts(stage) == {
+        "/trainguard/data": {"name": "data", "mountPath": "/trainguard/data"},
+        "/trainguard/source": {
+            "name": "data-source",
+            "mountPath": "/trainguard/source",
+            "readOnly": True,
+            "subPath": "v3",
+        },
+    }
+    assert volumes(manifest)["data"] == {"name": "data", "emptyDir": {"sizeLimit": "72704Mi"}}
+    assert volumes(manifest)["data-source"] == {
+        "name": "data-source",
+        "persistentVolumeClaim": {"claimName": "shards", "readOnly": True},
+    }
+    trainer = containers(manifest)["trainer"]
+    assert mounts(trainer)["/trainguard/data"] == {
+        "name": "data",
+        "mountPath": "/trainguard/data",
+        "readOnly": True,
+    }
+
+
+def test_staging_from_a_uri_passes_it_on() -> None:
+    stage = containers(pod({"data": {"source": {"uri": "s3://shards/v3"}}}))["stage-data"]
+    assert env_of(stage)[env.DATA_SOURCE] == "s3://shards/v3"
+    assert env.DATA_BYTES not in env_of(stage)  # no size declared: nothing to check against
+
+
+def test_data_read_in_place_mounts_the_claim_into_the_trainer() -> None:
+    manifest = pod(
+        {
+            "data": {
+                "source": {"pvc": {"claimName": "shards", "subPath": "v3"}},
+                "mountPath": "/data",
+                "stage": False,
+            }
+        }
+    )
+    trainer = containers(manifest)["trainer"]
+    assert mounts(trainer)["/data"] == {
+        "name": "data",
+        "mountPath": "/data",
+        "readOnly": True,
+        "subPath": "v3",
+    }
+    assert volumes(manifest)["data"]["persistentVolumeClaim"] == {
+        "claimName": "shards",
+        "readOnly": True,
+    }
+
+
+def test_local_volume_l1_is_a_claim_of_the_local_class_made_with_the_pod() -> None:
+    manifest = pod(
+        {
+            "placement": {"localStorageClassName": "local-path"},
+            "checkpoints": {"l1": {"storage": {"localVolume": {"size": "200Gi"}}}},
+        }
+    )
+    assert volumes(manifest)["l1"]["ephemeral"] == {
+        "volumeClaimTemplate": {
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "local-path",
+                "resources": {"requests": {"storage": "204800Mi"}},
+            }
+        }
+    }
+
+
+def test_remote_layer_volumes_are_mounted_into_the_agent_and_restore_only() -> None:
+    manifest = pod({"checkpoints": {"remote": [BACKUP_LAYER, S3_LAYER]}})
+    by_name = containers(manifest)
+    agent_mounts, restore_mounts = mounts(by_name["agent"]), mounts(by_name["restore"])
+    assert agent_mounts["/mnt/backup/llm"] == {
+        "name": "remote-backup",
+        "mountPath": "/mnt/backup/llm",
+    }
+    assert restore_mounts["/mnt/backup/llm"]["readOnly"] is True
+    for where in (agent_mounts, restore_mounts):
+        assert where["/trainguard/credentials/s3"] == {
+            "name": "credentials-s3",
+            "mountPath": "/trainguard/credentials/s3",
+            "readOnly": True,
+        }
+    for name in ("trainer", "preflight"):
+        names = {m["name"] for m in by_name[name]["volumeMounts"]}
+        assert not names & {"remote-backup", "credentials-s3"}, name
+    assert volumes(manifest)["remote-backup"]["persistentVolumeClaim"] == {
+        "claimName": "nfs-backup"
+    }
+    assert volumes(manifest)["credentials-s3"]["secret"] == {
+        "secretName": "s3-creds",
+        "defaultMode": 0o400,
+    }
+    # The agent finds the volume where it is mounted (the local process nodes rewrite it).
+    assert env_of(by_name["agent"])["TRAINGUARD_LAYER_PATH_BACKUP"] == "/mnt/backup/llm"
+
+
+def test_layer_path_variable_is_the_one_the_agent_reads() -> None:
+    assert LAYER_PATH_ENV_PREFIX == AGENT_LAYER_PATH_PREFIX
+    assert layer_path_env("off-site") == "TRAINGUARD_LAYER_PATH_OFF_SITE"
+
+
+def test_excluded_nodes_are_kept_away_by_name() -> None:
+    manifest = pod(excluded_nodes=("gpu-b", "gpu-a"))
+    assert manifest["spec"]["affinity"] == {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchFields": [
+                            {
+                                "key": "metadata.name",
+                                "operator": "NotIn",
+                                "values": ["gpu-a", "gpu-b"],
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+
+
+def test_node_selector_and_tolerations_but_never_our_own_taint() -> None:
+    manifest = pod(
+        {
+            "placement": {
+                "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+                "tolerations": [
+                    {
+                        "key": "dedicated",
+                        "operator": "Equal",
+                        "value": "ml",
+                        "effect": "NoSchedule",
+                    },
+                    {"key": "trainguard.dev/unhealthy", "operator": "Exists"},
+                ],
+            }
+        }
+    )
+    assert manifest["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert manifest["spec"]["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    ]
+
+
+def test_resources_cpu_memory_and_gpus() -> None:
+    manifest = pod({"trainer": {"resources": {"gpus": 8, "cpu": "7500m", "memory": "64Gi"}}})
+    trainer = containers(manifest)["trainer"]["resources"]
+    assert trainer["limits"] == {"cpu": "7500m", "memory": "64Gi", "nvidia.com/gpu": "8"}
+    assert {k: v for k, v in trainer["requests"].items() if k != "ephemeral-storage"} == {
+        "cpu": "7500m",
+        "memory": "64Gi",
+        "nvidia.com/gpu": "8",
+    }
+    # The preflight step checks the GPUs, so it asks for the same ones.
+    preflight = containers(manifest)["preflight"]["resources"]
+    assert preflight["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_cpu_only_run_requests_no_gpu() -> None:
+    manifest = pod({"trainer": {"resources": {"gpus": 0}}})
+    for container in containers(manifest).values():
+        resources = container["resources"]
+        assert "nvidia.com/gpu" not in {
+            **resources.get("requests", {}),
+            **resources.get("limits", {}),
+        }
+
+
+def test_py_spy_grants_ptrace_to_the_agent_only() -> None:
+    by_name = containers(pod({"monitor": {"pySpy": True}}))
+    assert by_name["agent"]["securityContext"]["capabilities"] == {
+        "drop": ["ALL"],
+        "add": ["SYS_PTRACE"],
+    }
+    assert by_name["trainer"]["securityContext"] == RESTRICTED
+
+
+def test_args_and_working_dir_reach_the_trainer() -> None:
+    trainer = containers(pod({"trainer": {"args": ["--lr", "3e-4"], "workingDir": "/work"}}))[
+        "trainer"
+    ]
+    assert trainer["args"] == ["--lr", "3e-4"]
+    assert trainer["workingDir"] == "/work"
+
+
+def test_spec_hash_ignores_suspend_and_sees_everything_else() -> None:
+    base = spec_hash(make_run().spec)
+    assert spec_hash(make_run({"suspend": True}).spec) == base
+    assert spec_hash(make_run({"trainer": {"image": "trainer:2"}}).spec) != base
+    assert spec_hash(make_run({"monitor": {"hangAfterSeconds": 600}}).spec) != base
