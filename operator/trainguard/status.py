@@ -1,0 +1,185 @@
+"""Status arithmetic, pure: conditions in metav1.Condition shape, the derived phase, events.
+
+Each reconcile cycle summarises the run in one `RunState` (a CamelCase reason, a message
+and the truth of each standard condition). `advance()` turns the previous status and that
+state into the next status, keeping `lastTransitionTime` of conditions whose status did not
+change; `changed()` says whether it must be written; `transition_events()` lists the Events
+to send after the write (one per change of the state's reason).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from trainguard.api import Condition, TrainingRunStatus
+from trainguard.api.constants import ConditionStatus, ConditionType, Phase
+
+# Events carry messages under 1 KiB (kubectl describe stays readable); conditions may hold
+# more, but the apiserver's bound is far above anything useful.
+MAX_EVENT_MESSAGE = 1000
+MAX_CONDITION_MESSAGE = 4000
+ELLIPSIS = "..."
+
+# The condition types every cycle sets, and the one whose reason is the state's reason.
+STANDARD_CONDITIONS = (
+    ConditionType.READY,
+    ConditionType.PROGRESSING,
+    ConditionType.DEGRADED,
+    ConditionType.SUSPENDED,
+    ConditionType.COMPLETE,
+    ConditionType.FAILED,
+)
+STATE_CONDITION = ConditionType.PROGRESSING
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What one cycle concluded: a reason and message, and which conditions hold."""
+
+    reason: str
+    message: str
+    ready: bool = False
+    progressing: bool = False
+    degraded: bool = False
+    suspended: bool = False
+    complete: bool = False
+    failed: bool = False
+    warning: bool = False
+
+    def truth(self) -> dict[ConditionType, bool]:
+        """Each standard condition type and whether it holds."""
+        return {
+            ConditionType.READY: self.ready,
+            ConditionType.PROGRESSING: self.progressing,
+            ConditionType.DEGRADED: self.degraded,
+            ConditionType.SUSPENDED: self.suspended,
+            ConditionType.COMPLETE: self.complete,
+            ConditionType.FAILED: self.failed,
+        }
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Status fields observed this cycle besides the conditions."""
+
+    attempt: int | None = None
+    node: str | None = None
+    restarts: int = 0
+    started: bool = False
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """An Event to send about the run."""
+
+    reason: str
+    message: str
+    warning: bool = False
+
+
+def shorten(text: str, limit: int) -> str:
+    """Text cut to at most `limit` characters, marked when cut."""
+    return text if len(text) <= limit else text[: limit - len(ELLIPSIS)] + ELLIPSIS
+
+
+def find(conditions: Iterable[Condition], kind: str) -> Condition | None:
+    """The condition of this type, if set."""
+    return next((c for c in conditions if c.type == kind), None)
+
+
+def is_true(conditions: Iterable[Condition], kind: str) -> bool:
+    """Whether the condition of this type is set and True."""
+    found = find(conditions, kind)
+    return found is not None and found.status is ConditionStatus.TRUE
+
+
+def set_condition(
+    conditions: Sequence[Condition],
+    kind: str,
+    status: ConditionStatus,
+    reason: str,
+    message: str,
+    generation: int | None,
+    now: datetime,
+) -> list[Condition]:
+    """The conditions with one set; lastTransitionTime moves only when its status changes."""
+    old = find(conditions, kind)
+    moved = old is None or old.status is not status
+    new = Condition(
+        type=kind,
+        status=status,
+        reason=str(reason),
+        message=shorten(message, MAX_CONDITION_MESSAGE),
+        observed_generation=generation,
+        last_transition_time=now if moved or old is None else old.last_transition_time,
+    )
+    if old is None:
+        return [*conditions, new]
+    return [new if c.type == kind else c for c in conditions]
+
+
+def derive_phase(conditions: Sequence[Condition]) -> Phase:
+    """The one-word summary: the first of these that holds, in order of finality."""
+    for kind, phase in (
+        (ConditionType.FAILED, Phase.FAILED),
+        (ConditionType.COMPLETE, Phase.COMPLETED),
+        (ConditionType.SUSPENDED, Phase.SUSPENDED),
+        (ConditionType.DEGRADED, Phase.RECOVERING),
+        (ConditionType.READY, Phase.RUNNING),
+    ):
+        if is_true(conditions, kind):
+            return phase
+    return Phase.PENDING
+
+
+def advance(
+    old: TrainingRunStatus,
+    state: RunState,
+    observed: Observed,
+    generation: int | None,
+    now: datetime,
+) -> TrainingRunStatus:
+    """The next status: the state's conditions, the derived phase, the observed fields."""
+    conditions: list[Condition] = list(old.conditions)
+    for kind, holds in state.truth().items():
+        status = ConditionStatus.TRUE if holds else ConditionStatus.FALSE
+        conditions = set_condition(
+            conditions, kind, status, state.reason, state.message, generation, now
+        )
+    return old.model_copy(
+        update={
+            "observed_generation": generation,
+            "phase": derive_phase(conditions),
+            "conditions": conditions,
+            "attempt": observed.attempt,
+            "node": observed.node,
+            "restarts": observed.restarts,
+            "start_time": old.start_time or (now if observed.started else None),
+            "completion_time": old.completion_time
+            or (now if state.complete or state.failed else None),
+        }
+    )
+
+
+def changed(old: TrainingRunStatus, new: TrainingRunStatus) -> bool:
+    """Whether the new status differs from the old one as the apiserver would store it."""
+    return old.to_object() != new.to_object()
+
+
+def state_reason(status: TrainingRunStatus) -> str | None:
+    """The reason of the last state written (that of the Progressing condition)."""
+    found = find(status.conditions, STATE_CONDITION)
+    return found.reason if found is not None else None
+
+
+def transition_events(
+    old: TrainingRunStatus, state: RunState, extra: Sequence[EventSpec] = ()
+) -> list[EventSpec]:
+    """Events for this cycle: the state, when its reason changed, then `extra`."""
+    events = []
+    if state_reason(old) != state.reason:
+        events.append(EventSpec(state.reason, state.message, state.warning))
+    events.extend(extra)
+    return [replace(e, message=shorten(e.message, MAX_EVENT_MESSAGE)) for e in events]
