@@ -1,0 +1,174 @@
+"""kopf registrations of the operator, and nothing else: each handler hands one run to a cycle.
+
+- `configure` (startup): kopf's settings, the API client, the periodic resync.
+- `run_pods` / `runs` (indexes): a run's pods and the runs themselves, kept in memory from
+  the watches, so a cycle lists nothing.
+- `reconcile_run` (resume, create, spec update): a full cycle, companions re-applied.
+- `pod_changed` (any event of a run's pod): a cycle of the owning run, so scheduling,
+  node and phase reach the status at once.
+
+Cycles are `trainguard.k8s.reconcile.reconcile`; they run in kopf's thread pool (the
+Kubernetes client blocks) and never two at a time for the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import kopf
+
+from trainguard.api import TrainingRunStatus
+from trainguard.api.constants import GROUP, LABEL_MANAGED_BY, LABEL_RUN, MANAGED_BY, PLURAL, VERSION
+from trainguard.k8s.client import Kube, KubeError
+from trainguard.k8s.pods import pod_view
+from trainguard.k8s.reconcile import Outcome, Settings, reconcile
+from trainguard.operator_config import OperatorConfig
+from trainguard.policies.lifecycle import PodView
+
+log = logging.getLogger(__name__)
+OUR_PODS: dict[str, Any] = {
+    LABEL_RUN: kopf.PRESENT,
+    LABEL_MANAGED_BY: MANAGED_BY,
+}
+# Names of the indexes, as kopf passes them to handlers.
+RUN_PODS = "run_pods"
+RUNS = "runs"
+# kopf's own annotations on a run (retry progress, last handled spec) use our prefix.
+ANNOTATION_PREFIX = GROUP
+RETRY_DELAY_SECONDS = 5.0
+WATCH_TIMEOUT_SECONDS = 300
+
+
+@kopf.on.startup()
+async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
+    """Set timeouts and storages, connect, start the resync loop."""
+    config: OperatorConfig = memo.get("config") or OperatorConfig.from_env()
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING  # our Events tell the story; kopf's only errors
+    settings.execution.max_workers = config.workers
+    settings.watching.server_timeout = WATCH_TIMEOUT_SECONDS
+    settings.networking.request_timeout = WATCH_TIMEOUT_SECONDS + 30
+    memo.kube = Kube.connect(config.kubeconfig, pool_size=config.workers)
+    memo.settings = Settings(config.agent_image, config.network, config.instance)
+    memo.records = RunRecords()
+    memo.resync = asyncio.create_task(
+        _resync(memo, kwargs[RUNS], kwargs[RUN_PODS], config.resync_seconds)
+    )
+
+
+@kopf.on.cleanup()
+async def stop(*, memo: Any, **_: Any) -> None:
+    """Stop the resync loop."""
+    memo.resync.cancel()
+
+
+@kopf.index("pods", labels=OUR_PODS)
+def run_pods(*, body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> object:
+    """Pods by (namespace, run): the operator's view of each."""
+    view = pod_view(dict(body))
+    return {(namespace, labels[LABEL_RUN]): view} if view is not None else None
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def runs(*, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> object:
+    """Runs by (namespace, name), as last seen."""
+    return {(namespace, name): dict(body)}
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def reconcile_run(
+    *, body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any
+) -> None:
+    """A full cycle; transient API errors retry after a delay, an invalid spec is permanent."""
+    pods = _indexed(kwargs, RUN_PODS, (namespace, name))
+    try:
+        outcome = _cycle(memo, dict(body), pods, full=True)
+    except KubeError as err:
+        if err.transient:
+            raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_SECONDS) from err
+        raise
+    if outcome.invalid is not None:
+        raise kopf.PermanentError(outcome.invalid)
+
+
+@kopf.on.event("pods", labels=OUR_PODS)
+def pod_changed(*, namespace: str | None, labels: kopf.Labels, memo: Any, **kwargs: Any) -> None:
+    """A cycle of the run that owns the pod (errors are retried by the resync)."""
+    key = (namespace, labels[LABEL_RUN])
+    for body in _indexed(kwargs, RUNS, key):
+        _cycle_logged(memo, body, _indexed(kwargs, RUN_PODS, key))
+
+
+def _indexed(indices: dict[str, Any], index: str, key: tuple[str | None, str]) -> list[Any]:
+    # kopf passes each index as a keyword argument named after its function.
+    return list(indices[index].get(key, []))
+
+
+def _cycle(memo: Any, body: dict[str, Any], pods: Iterable[PodView], full: bool) -> Outcome:
+    record: RunRecord = memo.records.get(body["metadata"]["uid"])
+    with record.lock:
+        outcome = reconcile(memo.kube, body, list(pods), memo.settings, full, record.status)
+        record.status = outcome.status
+        return outcome
+
+
+def _cycle_logged(memo: Any, body: dict[str, Any], pods: Iterable[PodView]) -> None:
+    try:
+        _cycle(memo, body, pods, full=False)
+    except Exception:
+        meta = body.get("metadata", {})
+        log.exception("cycle of %s/%s failed", meta.get("namespace"), meta.get("name"))
+
+
+async def _resync(
+    memo: Any,
+    runs: kopf.Index[Any, dict[str, Any]],
+    run_pods: kopf.Index[Any, PodView],
+    every: float,
+) -> None:
+    while True:
+        await asyncio.sleep(every)
+        for key in list(runs):
+            for body in list(runs.get(key, [])):
+                await asyncio.to_thread(_cycle_logged, memo, body, list(run_pods.get(key, [])))
+        memo.records.forget_all_but(
+            {b["metadata"]["uid"] for k in list(runs) for b in runs.get(k, [])}
+        )
+
+
+class RunRecord:
+    """What the operator remembers of one run: its lock and the status it wrote last."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.status: TrainingRunStatus | None = None
+
+
+class RunRecords:
+    """One record per run, so two cycles of the same run never interleave."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._records: dict[str, RunRecord] = {}
+
+    def get(self, uid: str) -> RunRecord:
+        """The run's record (created on first use)."""
+        with self._guard:
+            return self._records.setdefault(uid, RunRecord())
+
+    def forget_all_but(self, uids: set[str]) -> None:
+        """Drop the records of runs that are gone."""
+        with self._guard:
+            for uid in set(self._records) - uids:
+                del self._records[uid]

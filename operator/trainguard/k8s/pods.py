@@ -1,0 +1,51 @@
+"""A run's pods: what the operator reads from them (phase, node, the scheduler's reason)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainguard.api.constants import ANNOTATION_SPEC_HASH
+from trainguard.build.names import attempt_of
+from trainguard.k8s.client import Kube, KubeError, object_path
+from trainguard.policies.lifecycle import PodView
+
+POD_SCHEDULED = "PodScheduled"
+UNSCHEDULABLE = "Unschedulable"
+
+
+def scheduler_message(pod: dict[str, Any]) -> str | None:
+    """The scheduler's reason while the pod's PodScheduled condition is False/Unschedulable."""
+    for condition in pod.get("status", {}).get("conditions") or []:
+        if (
+            condition.get("type") == POD_SCHEDULED
+            and condition.get("status") == "False"
+            and condition.get("reason") == UNSCHEDULABLE
+        ):
+            return str(condition.get("message") or UNSCHEDULABLE)
+    return None
+
+
+def pod_view(pod: dict[str, Any]) -> PodView | None:
+    """The operator's view of a pod, or None when it carries no attempt label (not ours)."""
+    meta = pod.get("metadata", {})
+    attempt = attempt_of(meta.get("labels") or {})
+    if attempt is None:
+        return None
+    return PodView(
+        name=meta["name"],
+        attempt=attempt,
+        phase=pod.get("status", {}).get("phase") or "Pending",
+        node=pod.get("spec", {}).get("nodeName") or None,
+        deleting=meta.get("deletionTimestamp") is not None,
+        spec_hash=(meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH),
+        unschedulable=scheduler_message(pod),
+    )
+
+
+def delete_pod(kube: Kube, namespace: str, name: str) -> None:
+    """Delete a pod; one already gone is fine."""
+    try:
+        kube.request("DELETE", object_path("v1", "pods", namespace, name))
+    except KubeError as err:
+        if not err.not_found:
+            raise

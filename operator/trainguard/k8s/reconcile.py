@@ -1,0 +1,150 @@
+"""One reconcile cycle of a run: parse, decide, apply, report.
+
+The steps are the pure functions of the lower layers glued to the API calls:
+1. parse the run once (an invalid spec becomes `Failed=True, reason InvalidSpec`);
+2. decide from the run and its observed pods which pod it should have (`policies.lifecycle`);
+3. when a pod is to be created, read the hot-path volumes and ask the placement guard;
+4. server-side apply the companions (ServiceAccount, Role, RoleBinding, Lease) and the pod,
+   delete superseded pods;
+5. write the status once, only if it changed, then send the Events.
+Every step is idempotent, so a crash anywhere is repaired by the next cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from trainguard.api import TrainingRun, TrainingRunStatus
+from trainguard.api.constants import Reason
+from trainguard.api.trainingrun import ObjectMeta
+from trainguard.build.lease import lease
+from trainguard.build.pod import PodInputs, spec_hash, training_pod
+from trainguard.build.role import role
+from trainguard.build.rolebinding import role_binding
+from trainguard.build.serviceaccount import service_account
+from trainguard.k8s import events
+from trainguard.k8s.apply import apply, apply_status
+from trainguard.k8s.client import Kube, KubeError
+from trainguard.k8s.pods import delete_pod
+from trainguard.k8s.volumes import read_hot_path
+from trainguard.policies import lifecycle
+from trainguard.policies.lifecycle import Decision, PodView
+from trainguard.policies.placement import NetworkList, PlacementDecision, guard, hot_path_claims
+from trainguard.status import EventSpec, Observed, RunState, advance, changed, transition_events
+
+log = logging.getLogger(__name__)
+MAX_INVALID_MESSAGE = 2000
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a cycle needs from the operator's configuration."""
+
+    agent_image: str
+    network: NetworkList
+    instance: str
+
+
+def companions(run: TrainingRun) -> list[dict[str, Any]]:
+    """The children besides the pod, in the order they must exist for the pod."""
+    return [service_account(run), role(run), role_binding(run), lease(run)]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a cycle leaves behind: the status now stored, and the error of an invalid spec."""
+
+    status: TrainingRunStatus
+    invalid: str | None = None
+
+
+def reconcile(
+    kube: Kube,
+    body: dict[str, Any],
+    pods: Iterable[PodView],
+    settings: Settings,
+    full: bool,
+    written: TrainingRunStatus | None = None,
+) -> Outcome:
+    """Converge one run.
+
+    `full` re-applies the companions even when no pod is created (on create, on a spec
+    change and when the operator starts), which repairs drift in them. `written` is the
+    status this operator wrote last for the run: only the operator writes status, so it is
+    never older than the body's, which a watch may not have delivered yet.
+    """
+    old = written or TrainingRunStatus.from_object(body.get("status") or {})
+    try:
+        run = TrainingRun.from_object({**body, "status": old.to_object()})
+    except ValidationError as err:
+        message = f"invalid spec: {err}"[:MAX_INVALID_MESSAGE]
+        meta = ObjectMeta.model_validate(body.get("metadata") or {})
+        state = RunState(Reason.INVALID_SPEC, message, failed=True, warning=True)
+        kept = Observed(old.attempt, old.node, old.restarts)
+        return Outcome(report(kube, meta, old, state, kept, [], settings.instance), message)
+    namespace = run.metadata.namespace or ""
+    decision = lifecycle.decide(run, tuple(pods), spec_hash(run.spec))
+    placement = None
+    if decision.create:
+        facts = read_hot_path(kube, namespace, hot_path_claims(run.spec))
+        placement = guard(run.spec, facts, settings.network)
+    converge(kube, run, decision, placement, settings, full)
+    status = report(
+        kube,
+        run.metadata,
+        old,
+        lifecycle.state(run, decision, placement),
+        lifecycle.observed(run, decision, placement),
+        lifecycle.extra_events(decision, placement),
+        settings.instance,
+    )
+    return Outcome(status)
+
+
+def converge(
+    kube: Kube,
+    run: TrainingRun,
+    decision: Decision,
+    placement: PlacementDecision | None,
+    settings: Settings,
+    full: bool,
+) -> None:
+    """Apply the companions and the pod the decision asks for; delete the pods it drops."""
+    create = decision.create and not lifecycle.blocked(placement)
+    if full or create:
+        for manifest in companions(run):
+            apply(kube, manifest)
+    for pod in decision.delete:
+        delete_pod(kube, run.metadata.namespace or "", pod.name)
+    if create and decision.attempt is not None:
+        excluded = tuple(n.node for n in (run.status or TrainingRunStatus()).excluded_nodes)
+        inputs = PodInputs(decision.attempt, excluded, settings.agent_image)
+        apply(kube, training_pod(run, inputs))
+
+
+def report(
+    kube: Kube,
+    meta: ObjectMeta,
+    old: TrainingRunStatus,
+    state: RunState,
+    observed: Observed,
+    extra: list[EventSpec],
+    instance: str,
+) -> TrainingRunStatus:
+    """Write the status once if it changed, then send the cycle's Events; return it."""
+    new = advance(old, state, observed, meta.generation, datetime.now(UTC))
+    if changed(old, new):
+        apply_status(kube, meta, new)
+    for event in transition_events(old, state, extra):
+        try:
+            events.send(kube, meta, event, instance)
+        except KubeError as err:
+            # An Event is a report, not state: losing one must not fail the cycle.
+            log.warning("could not send event %s: %s", event.reason, err)
+    return new

@@ -1,0 +1,83 @@
+"""What the operator reads from pods and PersistentVolumes (pure helpers of trainguard.k8s)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from trainguard.k8s.pods import pod_view, scheduler_message
+from trainguard.k8s.volumes import pv_source
+from trainguard.policies.lifecycle import PodView
+
+pytestmark = pytest.mark.unit
+
+UNSCHEDULABLE = {
+    "type": "PodScheduled",
+    "status": "False",
+    "reason": "Unschedulable",
+    "message": "0/3 nodes are available: 3 Insufficient ephemeral-storage.",
+}
+
+
+def pod(**status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "llm-2",
+            "labels": {"trainguard.dev/run": "llm", "trainguard.dev/attempt": "2"},
+            "annotations": {"trainguard.dev/spec-hash": "abc"},
+        },
+        "spec": {},
+        "status": status,
+    }
+
+
+def test_pending_pod() -> None:
+    assert pod_view(pod()) == PodView(name="llm-2", attempt=2, spec_hash="abc")
+
+
+def test_unschedulable_pod_carries_the_schedulers_message() -> None:
+    view = pod_view(pod(phase="Pending", conditions=[UNSCHEDULABLE]))
+    assert view is not None
+    assert view.unschedulable == UNSCHEDULABLE["message"]
+
+
+def test_scheduled_running_and_deleting() -> None:
+    body = pod(phase="Running", conditions=[{**UNSCHEDULABLE, "status": "True", "reason": ""}])
+    body["spec"]["nodeName"] = "gpu-0"
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    view = pod_view(body)
+    assert view == PodView("llm-2", 2, "Running", "gpu-0", True, "abc", None)
+
+
+@pytest.mark.parametrize("attempt", [None, "", "x", "0", "-1"])
+def test_a_pod_without_a_valid_attempt_is_not_ours(attempt: str | None) -> None:
+    body = pod()
+    if attempt is None:
+        del body["metadata"]["labels"]["trainguard.dev/attempt"]
+    else:
+        body["metadata"]["labels"]["trainguard.dev/attempt"] = attempt
+    assert pod_view(body) is None
+
+
+def test_scheduler_message_only_for_unschedulable() -> None:
+    assert scheduler_message(pod()) is None
+    other = {**UNSCHEDULABLE, "reason": "SchedulingGated"}
+    assert scheduler_message(pod(conditions=[other])) is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "found"),
+    [
+        ({"nfs": {"server": "nas", "path": "/x"}, "accessModes": ["ReadWriteMany"]}, ("nfs", None)),
+        (
+            {"capacity": {"storage": "1Gi"}, "csi": {"driver": "nfs.csi.k8s.io"}},
+            ("csi", "nfs.csi.k8s.io"),
+        ),
+        ({"flexVolume": {"driver": "example/moosefs"}}, ("flexVolume", "example/moosefs")),
+        ({"local": {"path": "/mnt/disk"}, "nodeAffinity": {}}, ("local", None)),
+        ({"storageClassName": "x"}, (None, None)),
+    ],
+)
+def test_pv_source(spec: dict[str, Any], found: tuple[str | None, str | None]) -> None:
+    assert pv_source({"spec": spec}) == found

@@ -1,0 +1,158 @@
+"""Whole reconcile cycles against an in-memory API: a crash at any request leaves one pod.
+
+The fake apiserver keeps objects by path and applies server-side apply as "replace what
+the manager sent"; that is enough to show the cycle's order of writes is crash-safe: the
+operator is "killed" at the n-th request of a cycle (for every n), restarted with nothing
+but what the API holds, and must converge to exactly one pod with the attempt recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from run_factory import NAMESPACE, UID, make_run
+
+from trainguard.k8s.pods import pod_view
+from trainguard.k8s.reconcile import Settings, reconcile
+from trainguard.policies.lifecycle import PodView
+from trainguard.policies.placement import NetworkList
+
+pytestmark = pytest.mark.unit
+
+SETTINGS = Settings("trainguard:test", NetworkList(), "test")
+RUN_PATH = f"/apis/trainguard.dev/v1alpha1/namespaces/{NAMESPACE}/trainingruns/llm"
+
+
+class Crash(BaseException):
+    """The operator process dies here (nothing in the operator catches it)."""
+
+
+@dataclass
+class FakeApi:
+    """Objects by REST path; fails (as a crash) at request number `crash_at`."""
+
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    requests: int = 0
+    crash_at: int | None = None
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, str] | None = None,
+        content_type: str = "",
+    ) -> dict[str, Any]:
+        self.requests += 1
+        if self.crash_at is not None and self.requests == self.crash_at:
+            raise Crash()
+        if method == "PATCH" and path.endswith("/status"):
+            target = self.objects[path.removesuffix("/status")]
+            target["status"] = copy.deepcopy(body["status"])
+            return target
+        if method == "PATCH":
+            assert query == {"fieldManager": "trainguard", "force": "true"}
+            self.objects[path] = copy.deepcopy(body)
+            return body
+        if method == "DELETE":
+            self.objects.pop(path, None)
+            return {}
+        if method == "POST" and path.endswith("/events"):
+            self.events.append(body)
+            return body
+        raise AssertionError(f"unexpected {method} {path}")
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        return self.objects.get(path)
+
+    def pods(self) -> list[dict[str, Any]]:
+        return [o for p, o in self.objects.items() if "/pods/" in p]
+
+    def views(self) -> list[PodView]:
+        return [v for v in map(pod_view, self.pods()) if v is not None]
+
+    def run(self) -> dict[str, Any]:
+        return self.objects[RUN_PATH]
+
+
+def api_with_run(**spec: Any) -> FakeApi:
+    api = FakeApi()
+    api.objects[RUN_PATH] = make_run(spec).to_object()
+    return api
+
+
+def cycle(api: FakeApi, full: bool = True) -> None:
+    reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, full)  # type: ignore[arg-type]
+
+
+def test_a_clean_cycle_creates_the_companions_then_the_pod_then_the_status() -> None:
+    api = api_with_run()
+    cycle(api)
+    kinds = sorted(p.split("/")[-2] for p in api.objects if p != RUN_PATH)
+    assert kinds == ["leases", "pods", "rolebindings", "roles", "serviceaccounts"]
+    assert [p["metadata"]["name"] for p in api.pods()] == ["llm-1"]
+    assert api.run()["status"]["attempt"] == 1
+    assert [e["reason"] for e in api.events] == ["Scheduling"]
+    assert all(e["involvedObject"]["uid"] == UID for e in api.events)
+
+
+def test_a_crash_at_any_request_still_ends_with_exactly_one_pod() -> None:
+    clean = api_with_run()
+    cycle(clean)
+    for crash_at in range(1, clean.requests + 1):
+        api = api_with_run()
+        api.crash_at = crash_at
+        with pytest.raises(Crash):
+            cycle(api)
+        api.crash_at = None
+        for _ in range(3):  # the restarted operator's resume, then pod events
+            cycle(api)
+        assert [p["metadata"]["name"] for p in api.pods()] == ["llm-1"], crash_at
+        assert api.run()["status"]["attempt"] == 1, crash_at
+
+
+def test_a_crash_while_moving_to_the_next_attempt_never_doubles_it() -> None:
+    for crash_at in range(1, 10):
+        api = api_with_run()
+        cycle(api)
+        api.objects = {p: o for p, o in api.objects.items() if "/pods/" not in p}  # pod lost
+        api.requests, api.crash_at = 0, crash_at
+        with contextlib.suppress(Crash):
+            cycle(api, full=False)
+        api.crash_at = None
+        for _ in range(3):
+            cycle(api)
+        assert [p["metadata"]["name"] for p in api.pods()] == ["llm-2"], crash_at
+        status = api.run()["status"]
+        assert status["attempt"] == 2, crash_at
+
+
+def test_suspend_then_resume_moves_to_the_next_attempt() -> None:
+    api = api_with_run()
+    cycle(api)
+    api.run()["spec"]["suspend"] = True
+    cycle(api)
+    assert api.pods() == []
+    assert api.run()["status"]["phase"] == "Suspended"
+    api.run()["spec"]["suspend"] = False
+    cycle(api)
+    assert [p["metadata"]["name"] for p in api.pods()] == ["llm-2"]
+    assert api.run()["status"]["restarts"] == 0
+    assert [e["reason"] for e in api.events] == ["Scheduling", "Suspended", "Scheduling"]
+
+
+def test_an_invalid_spec_is_reported_not_acted_on() -> None:
+    api = api_with_run()
+    api.run()["spec"]["trainer"]["command"] = []
+    outcome = reconcile(api, copy.deepcopy(api.run()), [], SETTINGS, True)  # type: ignore[arg-type]
+    assert outcome.invalid is not None and "command" in outcome.invalid
+    assert api.pods() == []
+    status = api.run()["status"]
+    assert status["phase"] == "Failed"
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "InvalidSpec")
