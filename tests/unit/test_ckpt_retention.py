@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.ckpt import CheckpointTransaction, prune, scan
+from trainguard.ckpt import CheckpointTransaction, prune, remove_partials, scan
 
 pytestmark = pytest.mark.unit
 
@@ -68,3 +68,23 @@ def test_nothing_verified_means_nothing_deleted(tmp_path: Path) -> None:
 def test_keep_last_must_keep_something(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         prune(tmp_path, keep_last=0)
+
+
+def test_remove_partials_clears_leftovers_but_not_checkpoints_or_quarantine(
+    tmp_path: Path,
+) -> None:
+    write_checkpoint(tmp_path, 1)
+    leftover = CheckpointTransaction(tmp_path, 2)
+    leftover.write_file("model.bin", b"half")
+    (tmp_path / ".deleting-step-00000000-1-2").mkdir()
+    (tmp_path / ".invalid-step-00000003-1-2").mkdir()
+    removed = remove_partials(tmp_path)
+    assert sorted(p.name for p in removed) == [
+        ".deleting-step-00000000-1-2",
+        leftover.tmp_dir.name,
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".invalid-step-00000003-1-2",
+        "step-00000001",
+    ]
+    assert remove_partials(tmp_path / "absent") == ()

@@ -26,7 +26,7 @@ from trainguard.ckpt.manifest import (
     FileEntry,
     Manifest,
 )
-from trainguard.ckpt.retention import PruneResult, prune
+from trainguard.ckpt.retention import PruneResult, prune, remove_partials
 from trainguard.ckpt.txn import CheckpointTransaction, CheckpointWriteError, Committed
 from trainguard.ckpt.verify import Scan, Search, Verification, find_newest_valid, scan, verify
 
@@ -56,6 +56,7 @@ __all__ = [
     "new_hasher",
     "parse_step_dirname",
     "prune",
+    "remove_partials",
     "scan",
     "step_dirname",
     "verify",

@@ -13,7 +13,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.ckpt.layout import DELETING_PREFIX, fsync_path, hidden_name
+from trainguard.ckpt.layout import DELETING_PREFIX, TMP_PREFIX, fsync_path, hidden_name
 from trainguard.ckpt.verify import Verification, list_checkpoint_dirs, verify
 
 
@@ -56,3 +56,20 @@ def prune(root: str | os.PathLike[str], keep_last: int) -> PruneResult:
             remove_checkpoint_dir(path, step)
             deleted.append(path)
     return PruneResult(kept=tuple(kept), deleted=tuple(deleted), invalid=tuple(invalid))
+
+
+def remove_partials(root: str | os.PathLike[str]) -> tuple[Path, ...]:
+    """Remove the hidden leftovers of interrupted saves and removals; return what was removed.
+
+    Only for the single writer of a root, at its start: a leftover of a writer still running
+    would be removed under its feet. Quarantined `.invalid-` directories are not touched.
+    """
+    base = Path(root)
+    if not base.is_dir():
+        return ()
+    removed = []
+    for child in sorted(base.iterdir()):
+        if child.name.startswith((TMP_PREFIX, DELETING_PREFIX)) and child.is_dir():
+            shutil.rmtree(child)
+            removed.append(child)
+    return tuple(removed)

@@ -1,0 +1,219 @@
+"""TrainingSession: resume, cadence, RNG restore, save-error policy, SIGTERM, heartbeat fields."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from harness_helpers import fill_until_free
+
+from trainguard.ckpt import Contents, copy_checkpoint, scan
+from trainguard_harness import heartbeat as hb
+from trainguard_harness.session import MissingComponentError, TrainingSession
+from trainguard_harness.settings import HarnessSettings, OnSaveError
+from trainguard_harness.writer import CheckpointSaveError, CheckpointWriter
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+class Counter:
+    """A minimal stateful component: a data position."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = state["position"]
+
+
+def settings_for(root: Path, **overrides: Any) -> HarnessSettings:
+    paths = {
+        "l1_dir": root / "l1",
+        "state_dir": root / "state",
+        "heartbeat_file": root / "state" / "heartbeat.json",
+    }
+    return HarnessSettings.from_env({}, **{**paths, **overrides})
+
+
+def make_session(root: Path, **overrides: Any) -> tuple[TrainingSession, torch.nn.Module, Counter]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    counter = Counter()
+    session = TrainingSession(
+        {"model": model, "optimizer": optimizer, "data": counter},
+        settings_for(root, **overrides),
+        handle_sigterm=False,
+    )
+    session._optimizer = optimizer  # type: ignore[attr-defined]
+    return session, model, counter
+
+
+def train_step(session: TrainingSession, model: torch.nn.Module, counter: Counter) -> float:
+    optimizer = session._optimizer  # type: ignore[attr-defined]
+    x = torch.randn(4, 8)
+    noise = random.random() + float(np.random.rand())
+    loss = (torch.nn.functional.dropout(model(x), 0.5) ** 2).mean() + noise
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    counter.position += 4
+    return loss.item()
+
+
+def test_resume_continues_exactly_including_every_rng(tmp_path: Path) -> None:
+    session, model, counter = make_session(tmp_path / "a", every_steps=5)
+    random.seed(1)
+    np.random.seed(1)
+    assert session.resume() == 0
+    reference = []
+    for step in range(1, 11):
+        reference.append(train_step(session, model, counter))
+        session.end_step(step, loss=reference[-1], tokens=4)
+    session.close(10)
+
+    # A second process would start here: fresh objects, different seeds, same L1.
+    resumed, model2, counter2 = make_session(tmp_path / "a", every_steps=5)
+    torch.manual_seed(999)
+    random.seed(999)
+    np.random.seed(999)
+    # Pretend the first run died after step 5: drop the later checkpoint.
+    for checkpoint in scan(tmp_path / "a" / "l1").valid:
+        if checkpoint.step == 10:
+            os.rename(checkpoint.path, tmp_path / "gone")
+    assert resumed.resume() == 5
+    assert counter2.position == 20
+    again = [train_step(resumed, model2, counter2) for _ in range(5)]
+    assert again == reference[5:]
+    resumed.close()
+
+
+def test_cadence_by_steps_and_by_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    session, model, counter = make_session(tmp_path / "s", every_steps=3)
+    session.resume()
+    saved = []
+    for step in range(1, 8):
+        train_step(session, model, counter)
+        session.end_step(step)
+        saved.append(session.last_saved_step)
+    assert saved == [None, None, 3, 3, 3, 6, 6]
+    session.close()
+
+    clock = [1000.0]
+    monkeypatch.setattr("trainguard_harness.session.time.monotonic", lambda: clock[0])
+    timed, model, counter = make_session(tmp_path / "t", every_steps=0, every_seconds=60)
+    timed.resume()
+    for step, elapsed in enumerate([10, 30, 61, 62, 130], start=1):
+        clock[0] = 1000.0 + elapsed
+        train_step(timed, model, counter)
+        timed.end_step(step)
+        saved.append(timed.last_saved_step)
+    assert saved[-5:] == [None, None, 3, 3, 5]
+    timed.close()
+
+
+def test_heartbeat_reports_steps_loss_phase_and_checkpoints(tmp_path: Path) -> None:
+    session, _, _ = make_session(tmp_path, every_steps=2)
+    session.resume()
+    for step in (1, 2):
+        session.end_step(step, loss=0.5, tokens=100)
+    session.close()
+    record = json.loads((tmp_path / "state" / "heartbeat.json").read_text())
+    assert record[hb.PID] == os.getpid()
+    assert record[hb.STEP] == 2 and record[hb.LOSS] == 0.5
+    assert record[hb.PHASE] == hb.PHASE_TRAINING
+    assert record[hb.LAST_CHECKPOINT_STEP] == 2 and record[hb.CHECKPOINT_ERROR] is None
+    # No GPU here: framework memory is unknown, not zero.
+    assert record[hb.MEMORY_ALLOCATED] is None and record[hb.MEMORY_RESERVED] is None
+
+
+@pytest.mark.parametrize("policy", [OnSaveError.CONTINUE, OnSaveError.STOP])
+def test_full_disk_policy(
+    tmp_path: Path, tmpfs: Callable[[int], Path], policy: OnSaveError
+) -> None:
+    disk = tmpfs(2 << 20)
+    session, model, counter = make_session(
+        tmp_path, l1_dir=disk / "l1", every_steps=1, on_save_error=policy
+    )
+    session.resume()
+    train_step(session, model, counter)
+    session.end_step(1)
+    session.writer.wait()
+    fill_until_free(disk, 2_000)
+    train_step(session, model, counter)
+    session.end_step(2)  # the save of step 2 is handed to the background and fails there
+    while session.writer.busy:
+        time.sleep(0.01)
+    train_step(session, model, counter)
+    if policy is OnSaveError.STOP:
+        with pytest.raises(CheckpointSaveError, match="No space left"):
+            session.end_step(3)
+        session.close()
+    else:
+        for step in (3, 4):
+            session.end_step(step)  # reported, and training goes on
+            train_step(session, model, counter)
+        session.close(4)
+    assert "No space left" in str(session.heartbeat.snapshot()[hb.CHECKPOINT_ERROR])
+    result = scan(disk / "l1")
+    assert [v.step for v in result.valid] == [1]
+    assert result.invalid == () and result.partial == ()
+
+
+def test_sigterm_requests_a_graceful_stop(tmp_path: Path) -> None:
+    session = TrainingSession({"data": Counter()}, settings_for(tmp_path))
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        assert not session.stop_requested
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert session.stop_requested
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        session.close()
+
+
+def test_weights_only_checkpoints_restore_the_model_and_nothing_else(tmp_path: Path) -> None:
+    session, model, counter = make_session(tmp_path / "full", every_steps=1)
+    session.resume()
+    train_step(session, model, counter)
+    session.end_step(1)
+    session.close()
+    full = scan(tmp_path / "full" / "l1").valid[0].path
+    copy_checkpoint(
+        full, tmp_path / "w" / "l1", paths=["model.safetensors"], contents=Contents.WEIGHTS
+    )
+    fresh, model2, counter2 = make_session(tmp_path / "w")
+    assert fresh.resume() == 1
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters(), strict=True)
+    )
+    assert counter2.position == 0
+    fresh.close()
+
+
+def test_a_full_checkpoint_missing_a_component_is_refused(tmp_path: Path) -> None:
+    writer = CheckpointWriter(tmp_path / "l1")
+    writer.save(3, {"other": {"x": 1}})
+    writer.close()
+    session, _, _ = make_session(tmp_path)
+    with pytest.raises(MissingComponentError):
+        session.resume()
+    session.close()
+
+
+def test_component_names_must_be_file_names(tmp_path: Path) -> None:
+    for name in ("rng", "../x", "", "a b"):
+        with pytest.raises(ValueError):
+            TrainingSession({name: Counter()}, settings_for(tmp_path), handle_sigterm=False)

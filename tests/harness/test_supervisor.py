@@ -1,0 +1,163 @@
+"""`trainguard supervise`: own session, restart in place, give up, forward signals, clean up."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+def supervise(tmp_path: Path, script: str, *options: str) -> tuple[subprocess.Popen[str], Path]:
+    """Start `trainguard supervise [options] -- python -c script tmp_path` in the background."""
+    state_file = tmp_path / "state" / "supervisor.json"
+    command = [
+        sys.executable, "-m", "trainguard.cli", "supervise", "--state-file", str(state_file),
+        "--backoff", "0.05", *options, "--", sys.executable, "-c", script, str(tmp_path),
+    ]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True), state_file
+
+
+def read_state(state_file: Path) -> dict[str, Any]:
+    state: dict[str, Any] = json.loads(state_file.read_text())
+    return state
+
+
+def wait_for(path: Path, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text().endswith("\n"):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+DIES_ONCE_BY_SIGKILL = """
+import os, signal, sys
+marker = os.path.join(sys.argv[1], "attempts")
+attempts = int(open(marker).read()) + 1 if os.path.exists(marker) else 1
+open(marker, "w").write(str(attempts))
+if attempts == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_restarts_after_sigkill_and_exits_0_when_the_child_completes(tmp_path: Path) -> None:
+    process, state_file = supervise(tmp_path, DIES_ONCE_BY_SIGKILL, "--max-restarts", "2")
+    assert process.wait(timeout=30) == 0
+    state = read_state(state_file)
+    assert state["state"] == "completed" and state["restarts"] == 1 and state["attempt"] == 2
+    first, second = state["history"]
+    assert first["signal"] == "SIGKILL" and first["exit_code"] is None
+    assert first["reason"] == "killed by SIGKILL"
+    assert second["exit_code"] == 0 and second["pid"] != first["pid"]
+    assert state["pid"] == process.pid and state["child_pid"] is None
+
+
+def test_gives_up_after_the_limit_with_backoff_and_a_non_zero_exit(tmp_path: Path) -> None:
+    process, state_file = supervise(
+        tmp_path, "raise SystemExit(3)", "--max-restarts", "2", "--backoff", "0.2"
+    )
+    assert process.wait(timeout=30) == 3
+    state = read_state(state_file)
+    assert state["state"] == "gave-up" and state["restarts"] == 2
+    history = state["history"]
+    assert [entry["reason"] for entry in history] == ["exited with 3"] * 3
+    gaps = [b["started_at"] - a["ended_at"] for a, b in itertools.pairwise(history)]
+    assert gaps[0] >= 0.2 and gaps[1] >= 0.4  # the backoff doubles
+
+
+RECORDS_SESSION_THEN_WAITS = """
+import json, os, signal, sys, time
+def on_term(signum, frame):
+    open(os.path.join(sys.argv[1], "terminated"), "w").write("yes\\n")
+    sys.exit(7)
+signal.signal(signal.SIGTERM, on_term)
+ids = {"pid": os.getpid(), "sid": os.getsid(0), "pgid": os.getpgid(0)}
+open(os.path.join(sys.argv[1], "ids"), "w").write(json.dumps(ids) + "\\n")
+time.sleep(60)
+"""
+
+
+def test_child_runs_in_its_own_session_and_sigterm_is_forwarded(tmp_path: Path) -> None:
+    process, state_file = supervise(tmp_path, RECORDS_SESSION_THEN_WAITS)
+    ids = json.loads(wait_for(tmp_path / "ids"))
+    # Detached: a new session and process group led by the child, not the supervisor's.
+    assert ids["sid"] == ids["pid"] == ids["pgid"]
+    assert ids["sid"] != os.getsid(process.pid)
+    assert read_state(state_file)["child_pid"] == ids["pid"]
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 7  # the child's own status, and no restart
+    assert wait_for(tmp_path / "terminated") == "yes\n"
+    state = read_state(state_file)
+    assert state["state"] == "terminated" and state["restarts"] == 0
+
+
+IGNORES_SIGTERM = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(os.path.join(sys.argv[1], "ready"), "w").write("ready\\n")
+time.sleep(60)
+"""
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
+    process, state_file = supervise(tmp_path, IGNORES_SIGTERM, "--grace-period", "0.5")
+    wait_for(tmp_path / "ready")
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 128 + signal.SIGKILL
+    assert time.monotonic() - started >= 0.5
+    assert read_state(state_file)["history"][-1]["signal"] == "SIGKILL"
+
+
+LEAVES_A_WORKER_BEHIND = """
+import os, subprocess, sys
+worker = subprocess.Popen(["sleep", "60"])
+open(os.path.join(sys.argv[1], "worker"), "w").write(f"{worker.pid}\\n")
+os._exit(1)
+"""
+
+
+def test_leftover_processes_of_a_dead_child_are_killed(tmp_path: Path) -> None:
+    process, state_file = supervise(tmp_path, LEAVES_A_WORKER_BEHIND, "--max-restarts", "0")
+    assert process.wait(timeout=30) == 1
+    worker = int(wait_for(tmp_path / "worker"))
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{worker}").exists():
+        status = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if status == "Z":
+            break  # dead, waiting for its parent (init) to reap it
+        assert time.monotonic() < deadline, "the worker outlived its training process"
+        time.sleep(0.05)
+    assert read_state(state_file)["history"][0]["leftover_processes"] == 1
+
+
+def test_a_command_is_required() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainguard.cli", "supervise", "--max-restarts", "1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2 and "no command given" in result.stderr
+
+
+def test_default_state_file_is_next_to_the_heartbeat(tmp_path: Path) -> None:
+    environ = dict(os.environ, TRAINGUARD_HEARTBEAT_FILE=str(tmp_path / "hb" / "heartbeat.json"))
+    result = subprocess.run(
+        [sys.executable, "-m", "trainguard.cli", "supervise", "--", sys.executable, "-c", "pass"],
+        env=environ,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0
+    assert read_state(tmp_path / "hb" / "supervisor.json")["state"] == "completed"

@@ -1,0 +1,125 @@
+"""The reference trainer end to end: kill and resume, full disk, graceful stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from harness_helpers import fill_until_free, trainer_command, trainer_env
+
+from trainguard.api import env
+from trainguard.ckpt import scan
+from trainguard_harness.heartbeat import PID, read_heartbeat
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
+
+STEPS = 80
+
+
+def losses(path: Path) -> list[tuple[int, float]]:
+    return [
+        (record["step"], record["loss"])
+        for record in map(json.loads, path.read_text().splitlines())
+    ]
+
+
+def wait_for_lines(path: Path, count: int, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists() or len(path.read_text().splitlines()) < count:
+        assert process.poll() is None, "the trainer ended early"
+        assert time.monotonic() < deadline, "the trainer made no progress"
+        time.sleep(0.01)
+
+
+def test_kill_and_resume_gives_the_same_loss_curve(data_dir: Path, tmp_path: Path) -> None:
+    common = ("--steps", str(STEPS), "--ckpt-every-steps", "7", "--keep-last", "2")
+    reference_log = tmp_path / "a" / "loss.jsonl"
+    subprocess.run(
+        trainer_command(data_dir, *common, "--loss-log", str(reference_log)),
+        env=trainer_env(tmp_path / "a"),
+        check=True,
+        timeout=90,
+    )
+    reference = dict(losses(reference_log))
+    assert sorted(reference) == list(range(1, STEPS + 1))
+    assert reference[STEPS] < reference[1]  # it learns
+
+    # The same run under the supervisor, killed with SIGKILL partway through.
+    root = tmp_path / "b"
+    resumed_log = root / "loss.jsonl"
+    supervise = [sys.executable, "-m", "trainguard.cli", "supervise", "--backoff", "0.1", "--"]
+    supervisor = subprocess.Popen(
+        supervise + trainer_command(data_dir, *common, "--loss-log", str(resumed_log)),
+        env=trainer_env(root),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_lines(resumed_log, 20, supervisor)
+    heartbeat = read_heartbeat(root / "state" / env.HEARTBEAT_FILENAME)
+    assert heartbeat is not None
+    os.kill(heartbeat[PID], signal.SIGKILL)
+    _, stderr = supervisor.communicate(timeout=90)
+    assert supervisor.returncode == 0, stderr[-3000:]
+
+    state = json.loads((root / "state" / "supervisor.json").read_text())
+    assert [entry["signal"] for entry in state["history"]] == ["SIGKILL", None]
+    # The second attempt resumed from a checkpoint (a multiple of 7), not from scratch.
+    resumed_from = re.findall(r"resumed from \S*step-(\d{8})", stderr)
+    assert len(resumed_from) == 1 and int(resumed_from[0]) % 7 == 0 and int(resumed_from[0]) > 0
+    logged = losses(resumed_log)
+    # Every loss ever logged (before the kill, replayed, after) matches the reference exactly.
+    assert all(loss == reference[step] for step, loss in logged)
+    assert {step for step, _ in logged} == set(reference)
+
+
+@pytest.mark.parametrize(("policy", "exit_code"), [("continue", 0), ("stop", 1)])
+def test_full_disk_fails_loudly_and_keeps_the_previous_checkpoint(
+    data_dir: Path, tmp_path: Path, tmpfs: Callable[[int], Path], policy: str, exit_code: int
+) -> None:
+    disk = tmpfs(8 << 20)
+    fill_until_free(disk, 2_200_000)  # one checkpoint (about 1.5 MB) fits, a second does not
+    environ = trainer_env(tmp_path)
+    environ[env.L1_DIR] = str(disk / "l1")
+    result = subprocess.run(
+        trainer_command(
+            data_dir, "--steps", "30", "--ckpt-every-steps", "10", "--on-save-error", policy
+        ),
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert result.returncode == exit_code, result.stderr[-3000:]
+    assert "No space left on device" in result.stderr
+    if policy == "continue":
+        assert "step 30 loss" in result.stderr  # training went on to the end
+    else:
+        assert "step 30 loss" not in result.stderr
+    found = scan(disk / "l1")
+    assert [v.step for v in found.valid] == [10]
+    assert found.invalid == () and found.partial == ()
+
+
+def test_sigterm_saves_the_current_step_and_exits_143(data_dir: Path, tmp_path: Path) -> None:
+    loss_log = tmp_path / "loss.jsonl"
+    process = subprocess.Popen(
+        trainer_command(
+            data_dir, "--steps", "100000", "--ckpt-every-steps", "0", "--loss-log", str(loss_log)
+        ),
+        env=trainer_env(tmp_path),
+        text=True,
+    )
+    wait_for_lines(loss_log, 5, process)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    last_step = losses(loss_log)[-1][0]
+    newest = scan(tmp_path / "l1").newest_valid
+    assert newest is not None and newest.step == last_step

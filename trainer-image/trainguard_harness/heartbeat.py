@@ -1,0 +1,164 @@
+"""The heartbeat file: what the trainer is doing, replaced atomically, at most once a second.
+
+The pod agent reads it to tell a live, advancing trainer from a hung or dead one. Example::
+
+    {"pid": 4242, "step": 1200, "time": 1764720000.52, "phase": "training",
+     "tokens_per_s": 23850.0, "loss": 2.31,
+     "memory_allocated_bytes": 81604378624, "memory_reserved_bytes": 90194313216,
+     "last_checkpoint_step": 1200, "checkpoint_error": null}
+
+`time` is when the training loop last reported (wall clock, seconds since the epoch), not when
+the file was written, so a loop that stops reporting looks stopped. Memory is what the
+framework holds (CUDA allocator statistics); it is null when no GPU is in use. The file is
+written to a temporary name and renamed, so readers never see a torn write. This module does
+not import torch (the agent may import it for the field names).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+LOG = logging.getLogger(__name__)
+
+PID = "pid"
+STEP = "step"
+TIME = "time"
+PHASE = "phase"
+TOKENS_PER_S = "tokens_per_s"
+LOSS = "loss"
+MEMORY_ALLOCATED = "memory_allocated_bytes"
+MEMORY_RESERVED = "memory_reserved_bytes"
+LAST_CHECKPOINT_STEP = "last_checkpoint_step"
+CHECKPOINT_ERROR = "checkpoint_error"
+
+PHASE_TRAINING = "training"
+PHASE_SAVING = "saving"
+PHASE_LOADING = "loading"
+PHASES = (PHASE_TRAINING, PHASE_SAVING, PHASE_LOADING)
+
+MIN_INTERVAL_S = 1.0
+
+
+def framework_memory() -> tuple[int | None, int | None]:
+    """(allocated, reserved) bytes of the CUDA caching allocator, or (None, None) off GPU."""
+    torch = sys.modules.get("torch")  # only if the trainer already uses it
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None, None
+    return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
+
+
+class Heartbeat:
+    """Keeps the heartbeat file up to date with what the training loop reports.
+
+    `update()` never blocks on the file more than once a second: within the interval it only
+    records the values, and a timer writes the latest ones when the interval has passed, so a
+    phase change (e.g. into a long `saving`) always reaches the file within a second.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        min_interval: float = MIN_INTERVAL_S,
+        memory: Callable[[], tuple[int | None, int | None]] = framework_memory,
+    ) -> None:
+        self.path = Path(path)
+        self.min_interval = min_interval
+        self._memory = memory
+        self._lock = threading.Lock()
+        self._record: dict[str, Any] = {
+            PID: os.getpid(),
+            STEP: None,
+            TIME: time.time(),
+            PHASE: PHASE_TRAINING,
+            TOKENS_PER_S: None,
+            LOSS: None,
+            MEMORY_ALLOCATED: None,
+            MEMORY_RESERVED: None,
+            LAST_CHECKPOINT_STEP: None,
+            CHECKPOINT_ERROR: None,
+        }
+        self._last_write = -float("inf")
+        self._timer: threading.Timer | None = None
+        self._dirty = False
+        self.write_error: OSError | None = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def update(self, **fields: Any) -> None:
+        """Merge `fields` (the keys above) into the record; write it now or within the interval.
+
+        A call with loop fields (step, phase, loss, tokens/s) also moves `time` forward.
+        """
+        unknown = set(fields) - set(self._record)
+        if unknown:
+            raise KeyError(f"unknown heartbeat fields: {sorted(unknown)}")
+        if PHASE in fields and fields[PHASE] not in PHASES:
+            raise ValueError(f"phase must be one of {PHASES}, got {fields[PHASE]!r}")
+        with self._lock:
+            self._record.update(fields)
+            if fields.keys() & {STEP, PHASE, LOSS, TOKENS_PER_S}:
+                self._record[TIME] = time.time()
+            self._dirty = True
+            wait = self._last_write + self.min_interval - time.monotonic()
+            if wait <= 0:
+                self._write_locked()
+            elif self._timer is None:
+                self._timer = threading.Timer(wait, self._flush_from_timer)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of the current record (what the next write will contain)."""
+        with self._lock:
+            return dict(self._record)
+
+    def _flush_from_timer(self) -> None:
+        with self._lock:
+            self._timer = None
+            if self._dirty:
+                self._write_locked()
+
+    def _write_locked(self) -> None:
+        allocated, reserved = self._memory()
+        self._record[MEMORY_ALLOCATED] = allocated
+        self._record[MEMORY_RESERVED] = reserved
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        self._last_write = time.monotonic()
+        self._dirty = False
+        try:
+            # No fsync: the file describes a live process; after a crash it is stale anyway.
+            temporary.write_text(json.dumps(self._record) + "\n")
+            os.replace(temporary, self.path)
+        except OSError as error:
+            # Never stop training over the heartbeat: a stale heartbeat is itself the signal.
+            if self.write_error is None:
+                LOG.error("cannot write heartbeat %s: %s", self.path, error)
+            self.write_error = error
+        else:
+            self.write_error = None
+
+    def close(self) -> None:
+        """Write any pending values now (used at exit)."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._dirty:
+                self._write_locked()
+
+
+def read_heartbeat(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The last heartbeat record, or None when there is none yet."""
+    try:
+        record: dict[str, Any] = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    return record

@@ -1,0 +1,103 @@
+"""Checkpoint reader: load the newest checkpoint that verifies, report the ones that do not.
+
+Candidates are tried from the highest step down. Each is checked cheaply first (manifest and
+sizes), then read once into memory while hashing; only when every hash matches is any state
+decoded, so a corrupt checkpoint is never used, even partially. Invalid checkpoints are
+reported and skipped, never deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainguard.ckpt import Manifest, Verification, new_hasher, verify
+from trainguard.ckpt.hashing import CHUNK_BYTES
+from trainguard.ckpt.verify import list_checkpoint_dirs
+from trainguard_harness.tensorfile import FILE_SUFFIX, StateFormatError, decode_component
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A verified checkpoint, decoded: component name -> state."""
+
+    path: Path
+    manifest: Manifest
+    components: dict[str, object]
+
+    @property
+    def step(self) -> int:
+        """The checkpoint's step."""
+        return self.manifest.step
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """The newest valid checkpoint (None on a fresh run) and the invalid ones skipped."""
+
+    loaded: LoadedCheckpoint | None
+    skipped: tuple[Verification, ...]
+
+
+class CheckpointCorruptError(RuntimeError):
+    """A checkpoint failed verification while it was being loaded."""
+
+
+def _read_verified(path: Path, size: int, expected: str, algorithm: str) -> bytearray:
+    data = bytearray(size)
+    view = memoryview(data)
+    hasher = new_hasher(algorithm)
+    with path.open("rb", buffering=0) as handle:
+        position = 0
+        while position < size:
+            count = handle.readinto(view[position : position + CHUNK_BYTES])
+            if not count:
+                raise CheckpointCorruptError(f"{path.name}: shorter than {size} bytes")
+            hasher.update(view[position : position + count])
+            position += count
+        if handle.read(1):
+            raise CheckpointCorruptError(f"{path.name}: longer than {size} bytes")
+    if hasher.hexdigest() != expected:
+        raise CheckpointCorruptError(f"{path.name}: {algorithm} hash mismatch")
+    return data
+
+
+def load_checkpoint(path: Path, manifest: Manifest) -> LoadedCheckpoint:
+    """Read every component file of `path`, verifying hashes, then decode them."""
+    raw: dict[str, bytearray] = {}
+    for entry in manifest.files:
+        if entry.path.endswith(FILE_SUFFIX):
+            raw[entry.path.removesuffix(FILE_SUFFIX)] = _read_verified(
+                path / entry.path, entry.size, entry.hash, manifest.hash_algorithm
+            )
+    try:
+        components = {name: decode_component(data) for name, data in raw.items()}
+    except (StateFormatError, ValueError, KeyError) as error:
+        raise CheckpointCorruptError(f"undecodable component: {error}") from error
+    return LoadedCheckpoint(path, manifest, components)
+
+
+def load_newest(
+    root: Path, *, on_invalid: Callable[[Verification], None] | None = None
+) -> LoadResult:
+    """Load the newest valid checkpoint under `root`, skipping (and reporting) invalid ones."""
+    skipped: list[Verification] = []
+
+    def skip(result: Verification) -> None:
+        skipped.append(result)
+        if on_invalid is not None:
+            on_invalid(result)
+
+    for _, path in list_checkpoint_dirs(root):
+        quick = verify(path, check_hashes=False)
+        if quick.manifest is None or not quick.ok:
+            skip(quick)
+            continue
+        try:
+            loaded = load_checkpoint(path, quick.manifest)
+        except (CheckpointCorruptError, OSError) as error:
+            skip(Verification(path, quick.step, quick.manifest, (str(error),)))
+            continue
+        return LoadResult(loaded, tuple(skipped))
+    return LoadResult(None, tuple(skipped))

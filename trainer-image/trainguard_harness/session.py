@@ -1,0 +1,222 @@
+"""The library surface a training script adopts: resume, report each step, checkpoint on cadence.
+
+    parts = {"model": model, "optimizer": opt, "scheduler": sched, "data": loader}
+    session = TrainingSession(parts)
+    start = session.resume()                     # 0 on a fresh run
+    for step in range(start + 1, total + 1):
+        loss = train_one_step(...)
+        session.end_step(step, loss=loss.item(), tokens=tokens_in_batch)
+        if session.stop_requested:                # SIGTERM: the pod is being deleted
+            break
+    session.close(step)                          # final checkpoint, waits until it is durable
+
+Every component is any object with `state_dict()` / `load_state_dict()` (torch modules,
+optimizers, schedulers, or a small class holding a data position). RNG states (Python, numpy,
+torch CPU and CUDA) are saved and restored automatically as the `rng` component. Paths and
+cadence come from the environment contract (`HarnessSettings.from_env`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any, Protocol, TypeVar
+
+from trainguard.ckpt import Contents, Verification
+from trainguard_harness import heartbeat as hb
+from trainguard_harness import rng
+from trainguard_harness.heartbeat import Heartbeat
+from trainguard_harness.reader import LoadedCheckpoint, LoadResult, load_newest
+from trainguard_harness.settings import HarnessSettings, OnSaveError
+from trainguard_harness.stackdump import install_stack_dumps
+from trainguard_harness.writer import (
+    CheckpointEvent,
+    CheckpointSaveError,
+    CheckpointWriter,
+    EventKind,
+    SaveStats,
+    log_event,
+)
+
+LOG = logging.getLogger(__name__)
+RNG_COMPONENT = "rng"
+_COMPONENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+# tokens/s is averaged over at least this long, so one fast or slow step does not dominate.
+RATE_WINDOW_S = 1.0
+
+T = TypeVar("T")
+
+
+class Stateful(Protocol):
+    """What a checkpointed component provides (the torch convention)."""
+
+    def state_dict(self) -> Any:
+        """Return the component's state."""
+
+    def load_state_dict(self, state_dict: Any, /) -> Any:
+        """Replace the component's state."""
+
+
+class MissingComponentError(KeyError):
+    """A full checkpoint lacks a component the session was asked to restore."""
+
+
+def restore_components(components: Mapping[str, Stateful], loaded: LoadedCheckpoint) -> None:
+    """Load a decoded checkpoint into the components, then restore the RNG states last.
+
+    A weights-only checkpoint restores what it has and leaves the rest freshly initialised.
+    """
+    weights_only = loaded.manifest.contents is Contents.WEIGHTS
+    for name, component in components.items():
+        if name in loaded.components:
+            component.load_state_dict(loaded.components[name])
+        elif not weights_only:
+            raise MissingComponentError(f"{loaded.path} has no component {name!r}")
+    state = loaded.components.get(RNG_COMPONENT)
+    if isinstance(state, dict):
+        rng.restore(state)
+
+
+class TrainingSession:
+    """Checkpoints, heartbeat, stack dumps and graceful stop for one training process."""
+
+    def __init__(
+        self,
+        components: Mapping[str, Stateful],
+        settings: HarnessSettings | None = None,
+        *,
+        verify_after_write: bool = True,
+        handle_sigterm: bool = True,
+    ) -> None:
+        for name in components:
+            if name == RNG_COMPONENT or not _COMPONENT_NAME.match(name):
+                raise ValueError(f"invalid component name {name!r}")
+        self.components = dict(components)
+        self.settings = settings or HarnessSettings.from_env()
+        self.heartbeat = Heartbeat(self.settings.heartbeat_file)
+        self.writer = CheckpointWriter(
+            self.settings.l1_dir,
+            keep_last=self.settings.keep_last,
+            algorithm=self.settings.hash_algorithm,
+            verify_after_write=verify_after_write,
+            on_event=self._on_event,
+        )
+        self.stacks_file = install_stack_dumps(self.settings.state_dir)
+        self.stop_requested = False
+        if handle_sigterm and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._request_stop)
+        self.last_saved_step: int | None = None
+        self.last_save_stats: SaveStats | None = None
+        self.resumed: LoadResult | None = None
+        self._steps_this_process = 0
+        self._last_save_time = time.monotonic()
+        self._rate_start = time.monotonic()
+        self._rate_tokens = 0
+
+    def _request_stop(self, signum: int, frame: FrameType | None) -> None:
+        LOG.warning("received %s: stopping after this step", signal.Signals(signum).name)
+        self.stop_requested = True
+
+    def _on_event(self, event: CheckpointEvent) -> None:
+        log_event(event)
+        if event.kind is EventKind.SAVED:
+            self.heartbeat.update(last_checkpoint_step=event.step, checkpoint_error=None)
+        elif event.kind is EventKind.FAILED:
+            self.heartbeat.update(checkpoint_error=event.message)
+
+    def _on_invalid(self, result: Verification) -> None:
+        LOG.error("skipping invalid checkpoint %s: %s", result.path, "; ".join(result.reasons))
+
+    def state(self) -> dict[str, object]:
+        """The state of every component plus the RNG states, as saved in a checkpoint."""
+        state: dict[str, object] = {
+            name: component.state_dict() for name, component in self.components.items()
+        }
+        state[RNG_COMPONENT] = rng.capture()
+        return state
+
+    def resume(self) -> int:
+        """Load the newest valid L1 checkpoint into the components; return its step (0 if none)."""
+        self.heartbeat.update(phase=hb.PHASE_LOADING)
+        result = load_newest(self.settings.l1_dir, on_invalid=self._on_invalid)
+        self.resumed = result
+        step = 0
+        if result.loaded is not None:
+            restore_components(self.components, result.loaded)
+            step = result.loaded.step
+            self.last_saved_step = step
+            LOG.info("resumed from %s", result.loaded.path)
+        self._last_save_time = time.monotonic()
+        self.heartbeat.update(phase=hb.PHASE_TRAINING, step=step, last_checkpoint_step=step or None)
+        return step
+
+    def due(self, step: int) -> bool:
+        """Whether the cadence calls for a checkpoint after `step`."""
+        every_steps, every_seconds = self.settings.every_steps, self.settings.every_seconds
+        if every_steps and step % every_steps == 0:
+            return True
+        return bool(every_seconds) and time.monotonic() - self._last_save_time >= every_seconds
+
+    def end_step(self, step: int, *, loss: float | None = None, tokens: int = 0) -> None:
+        """Report a finished step; checkpoint when the cadence says so.
+
+        Raises CheckpointSaveError only when `on_save_error` is `stop`; otherwise a failed save
+        is logged and put in the heartbeat, and training goes on.
+        """
+        self._steps_this_process += 1
+        self._rate_tokens += tokens
+        now = time.monotonic()
+        fields: dict[str, Any] = {hb.STEP: step, hb.PHASE: hb.PHASE_TRAINING}
+        if loss is not None:
+            fields[hb.LOSS] = loss
+        if now - self._rate_start >= RATE_WINDOW_S:
+            fields[hb.TOKENS_PER_S] = self._rate_tokens / (now - self._rate_start)
+            self._rate_start, self._rate_tokens = now, 0
+        self.heartbeat.update(**fields)
+        self._guard(self.writer.check)
+        if self.due(step):
+            self.save(step)
+        elif self._steps_this_process == 1:
+            # Shapes are final after the first step (optimizer state exists now): allocate the
+            # snapshot buffer in the background so the first save is as cheap as the others.
+            self._guard(lambda: self.writer.prepare(self.state()))
+
+    def save(self, step: int) -> SaveStats | None:
+        """Checkpoint now, after the previous persist; None if this save could not start."""
+        self.heartbeat.update(phase=hb.PHASE_SAVING)
+        try:
+            # A failure of the previous persist is reported on its own; this save still runs.
+            self._guard(self.writer.wait)
+            stats = self._guard(lambda: self.writer.save(step, self.state()))
+        finally:
+            self.heartbeat.update(phase=hb.PHASE_TRAINING)
+        self._last_save_time = time.monotonic()
+        if stats is not None:
+            self.last_saved_step = step
+            self.last_save_stats = stats
+        return stats
+
+    def _guard(self, action: Callable[[], T]) -> T | None:
+        """Run `action`, applying the on-save-error policy to a CheckpointSaveError."""
+        try:
+            return action()
+        except CheckpointSaveError as error:
+            self.heartbeat.update(checkpoint_error=str(error))
+            if self.settings.on_save_error is OnSaveError.STOP:
+                raise
+            LOG.error("%s; training continues (on_save_error=continue)", error)
+            return None
+
+    def close(self, step: int | None = None) -> None:
+        """Save a final checkpoint of `step` (unless it is already the newest), wait for it."""
+        try:
+            if step is not None and step != self.last_saved_step:
+                self.save(step)
+            self._guard(self.writer.close)
+        finally:
+            self.heartbeat.close()

@@ -1,0 +1,268 @@
+"""`trainguard supervise -- <command>`: run the training command and restart it in place.
+
+The command runs in its own session (`setsid`), detached from whoever launched the supervisor,
+so the whole training process group can be signalled and cleaned up as one. When it dies
+(non-zero exit or a signal), the supervisor kills whatever is left of its process group
+(dataloader workers and other children that would keep GPU memory), waits a backoff that
+doubles each time, and starts it again, up to `--max-restarts` times; then it gives up and
+exits non-zero. SIGTERM and SIGINT are forwarded to the process group and end supervision;
+after `--grace-period` seconds the group is killed. A child that exits 0 ends supervision
+with 0.
+
+Everything is recorded in a JSON state file next to the heartbeat (`supervisor.json`)::
+
+    {"pid": 10, "command": ["python", "-m", "trainguard_harness.train"], "state": "backoff",
+     "child_pid": null, "attempt": 2, "restarts": 1, "max_restarts": 3,
+     "started_at": 1764720000.0, "updated_at": 1764720042.3,
+     "history": [{"attempt": 1, "pid": 11, "started_at": 1764720000.1,
+                  "ended_at": 1764720041.2, "exit_code": null, "signal": "SIGKILL",
+                  "reason": "killed by SIGKILL", "leftover_processes": 2}]}
+
+`state` is one of running, backoff, stopping, completed, gave-up, terminated. This module
+does not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from trainguard_harness.settings import HarnessSettings
+
+STATE_RUNNING = "running"
+STATE_BACKOFF = "backoff"
+STATE_STOPPING = "stopping"
+STATE_COMPLETED = "completed"
+STATE_GAVE_UP = "gave-up"
+STATE_TERMINATED = "terminated"
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+HISTORY_LIMIT = 50
+POLL_S = 0.1
+EXIT_USAGE = 2
+
+
+@dataclass
+class Attempt:
+    """One run of the command."""
+
+    attempt: int
+    pid: int
+    started_at: float
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: str | None = None
+    reason: str | None = None
+    leftover_processes: int = 0
+
+
+@dataclass
+class SupervisorState:
+    """The contents of the state file."""
+
+    pid: int
+    command: list[str]
+    max_restarts: int
+    state: str = STATE_RUNNING
+    child_pid: int | None = None
+    attempt: int = 0
+    restarts: int = 0
+    started_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+    history: list[Attempt] = field(default_factory=list)
+
+    def write(self, path: Path) -> None:
+        """Replace the state file atomically."""
+        self.updated_at = time.time()
+        self.history = self.history[-HISTORY_LIMIT:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(asdict(self)) + "\n")
+        os.replace(temporary, path)
+
+
+def exit_status(returncode: int) -> int:
+    """A shell-style status: the exit code, or 128 + the signal number for a signal death."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe(returncode: int) -> tuple[int | None, str | None, str]:
+    """(exit code, signal name, human reason) of a child's return code."""
+    if returncode < 0:
+        name = signal.Signals(-returncode).name
+        return None, name, f"killed by {name}"
+    return returncode, None, f"exited with {returncode}"
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of the live processes in process group `pgid` (from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # Fields after the parenthesised command name: state, ppid, pgrp, ...
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def kill_group(pgid: int, sig: signal.Signals = signal.SIGKILL) -> None:
+    """Signal a whole process group, ignoring one that is already gone."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+class Supervisor:
+    """Runs, watches and restarts one command (see the module docstring)."""
+
+    def __init__(
+        self,
+        command: list[str],
+        state_file: Path,
+        *,
+        max_restarts: int,
+        backoff: float,
+        backoff_max: float,
+        grace_period: float,
+    ) -> None:
+        self.command = command
+        self.state_file = state_file
+        self.backoff, self.backoff_max = backoff, backoff_max
+        self.grace_period = grace_period
+        self.state = SupervisorState(os.getpid(), command, max_restarts)
+        self.child: subprocess.Popen[bytes] | None = None
+        self.terminating: signal.Signals | None = None
+        self._kill_at: float | None = None
+        self._wake = threading.Event()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        sig = signal.Signals(signum)
+        if self.terminating is None:
+            self.terminating = sig
+            self._kill_at = time.monotonic() + self.grace_period
+        if self.child is not None and self.child.poll() is None:
+            kill_group(self.child.pid, sig)
+        self._wake.set()
+
+    def _set(self, state: str, **changes: Any) -> None:
+        self.state.state = state
+        for key, value in changes.items():
+            setattr(self.state, key, value)
+        self.state.write(self.state_file)
+
+    def _run_once(self) -> int:
+        """Start the command, wait for it to end, clean up its group; return its return code."""
+        self.state.attempt += 1
+        child = subprocess.Popen(self.command, start_new_session=True)
+        self.child = child
+        if self.terminating is not None:
+            kill_group(child.pid, self.terminating)  # the signal arrived while starting it
+        record = Attempt(self.state.attempt, child.pid, time.time())
+        self.state.history.append(record)
+        self._set(STATE_RUNNING, child_pid=child.pid)
+        while True:
+            try:
+                returncode = child.wait(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                if self._kill_at is not None and time.monotonic() >= self._kill_at:
+                    kill_group(child.pid)
+        # The session leader is gone; anything left in its group would hold GPU memory.
+        leftovers = group_members(child.pid)
+        kill_group(child.pid)
+        self.child = None
+        record.ended_at = time.time()
+        record.exit_code, record.signal, record.reason = describe(returncode)
+        record.leftover_processes = len(leftovers)
+        return returncode
+
+    def run(self) -> int:
+        """Supervise until completion, termination or giving up; return the exit status."""
+        for sig in FORWARDED_SIGNALS:
+            signal.signal(sig, self._on_signal)
+        while True:
+            returncode = self._run_once()
+            if self.terminating is not None:
+                self._set(STATE_TERMINATED, child_pid=None)
+                return exit_status(returncode)
+            if returncode == 0:
+                self._set(STATE_COMPLETED, child_pid=None)
+                return 0
+            if self.state.restarts >= self.state.max_restarts:
+                self._set(STATE_GAVE_UP, child_pid=None)
+                return exit_status(returncode)
+            delay = min(self.backoff_max, self.backoff * 2**self.state.restarts)
+            self._set(STATE_BACKOFF, child_pid=None, restarts=self.state.restarts + 1)
+            self._wake.wait(delay)  # a forwarded signal cuts the backoff short
+            if self.terminating is not None:
+                self._set(STATE_TERMINATED)
+                return 128 + self.terminating
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line: options, `--`, then the command."""
+    parser = argparse.ArgumentParser(
+        prog="trainguard supervise",
+        description="Run a training command in its own session and restart it after a death.",
+        usage="%(prog)s [options] -- command [args...]",
+    )
+    parser.add_argument("--max-restarts", type=int, default=3, help="restarts before giving up")
+    parser.add_argument("--backoff", type=float, default=1.0, help="first restart delay (s)")
+    parser.add_argument("--backoff-max", type=float, default=30.0, help="longest delay (s)")
+    parser.add_argument(
+        "--grace-period",
+        type=float,
+        default=30.0,
+        help="seconds between forwarding SIGTERM/SIGINT and killing the process group",
+    )
+    parser.add_argument(
+        "--state-file",
+        type=Path,
+        help="default: supervisor.json next to the heartbeat (TRAINGUARD_HEARTBEAT_FILE)",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("no command given (put it after --)")
+    if args.max_restarts < 0 or args.backoff < 0 or args.backoff_max < 0:
+        parser.error("--max-restarts, --backoff and --backoff-max must be >= 0")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    """`trainguard supervise` entry point."""
+    try:
+        args = parse_args(argv)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
+    state_file = args.state_file or HarnessSettings.from_env().supervisor_state_file
+    supervisor = Supervisor(
+        args.command,
+        state_file,
+        max_restarts=args.max_restarts,
+        backoff=args.backoff,
+        backoff_max=args.backoff_max,
+        grace_period=args.grace_period,
+    )
+    return supervisor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

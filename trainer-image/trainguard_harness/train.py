@@ -1,0 +1,167 @@
+"""The reference trainer: a GPT-style model on token shards, under the harness.
+
+    python -m trainguard_harness.train --preset tiny --steps 200
+
+Paths and checkpoint cadence come from the TRAINGUARD_* environment (flags override). It
+resumes from the newest valid L1 checkpoint automatically, checkpoints every N steps and/or
+seconds, logs tokens/s, writes the heartbeat, and on SIGTERM saves and exits with 143. With
+`--loss-log FILE` it appends one JSON line per step (`{"step": s, "loss": l}`), which is how the
+tests compare a resumed run with an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from trainguard_harness.model import GPT, PRESETS
+from trainguard_harness.session import TrainingSession
+from trainguard_harness.settings import HarnessSettings, OnSaveError
+from trainguard_harness.shards import TokenStream
+
+LOG = logging.getLogger("trainguard_harness.train")
+EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see --help)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m trainguard_harness.train", description=__doc__.split("\n")[0]
+    )
+    model = parser.add_argument_group("model")
+    model.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    for name in ("vocab-size", "block-size", "n-layer", "n-head", "n-embd"):
+        model.add_argument(f"--{name}", type=int, help="override the preset")
+    model.add_argument("--dropout", type=float, help="override the preset")
+    train = parser.add_argument_group("training")
+    train.add_argument("--steps", type=int, default=200, help="total optimizer steps")
+    train.add_argument("--batch-size", type=int, default=8)
+    train.add_argument("--lr", type=float, default=3e-3)
+    train.add_argument("--warmup-steps", type=int, default=10)
+    train.add_argument("--seed", type=int, default=1337)
+    train.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    train.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    train.add_argument("--log-every", type=int, default=10, help="steps between log lines")
+    train.add_argument("--loss-log", type=Path, help="append {step, loss} JSON lines here")
+    paths = parser.add_argument_group("harness (default: TRAINGUARD_* environment)")
+    paths.add_argument("--data-dir", type=Path)
+    paths.add_argument("--l1-dir", type=Path)
+    paths.add_argument("--state-dir", type=Path)
+    paths.add_argument("--heartbeat-file", type=Path)
+    paths.add_argument("--keep-last", type=int)
+    paths.add_argument("--ckpt-every-steps", type=int, help="0 turns step cadence off")
+    paths.add_argument("--ckpt-every-seconds", type=float, help="0 turns time cadence off")
+    paths.add_argument("--hash", help="checkpoint hash algorithm")
+    paths.add_argument(
+        "--on-save-error",
+        choices=[choice.value for choice in OnSaveError],
+        help="keep training or stop when a checkpoint cannot be persisted (default: continue)",
+    )
+    return parser.parse_args(argv)
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Linear warmup, then cosine decay to 10% of the peak."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train; return 0 when all steps are done, 143 when stopped by SIGTERM."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = HarnessSettings.from_env(
+        l1_dir=args.l1_dir,
+        data_dir=args.data_dir,
+        state_dir=args.state_dir,
+        heartbeat_file=args.heartbeat_file,
+        keep_last=args.keep_last,
+        every_steps=args.ckpt_every_steps,
+        every_seconds=args.ckpt_every_seconds,
+        hash_algorithm=args.hash,
+        on_save_error=OnSaveError(args.on_save_error) if args.on_save_error else None,
+    )
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if use_cuda else "cpu")
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    overrides = {
+        field: value
+        for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout")
+        if (value := getattr(args, field)) is not None
+    }
+    config = dataclasses.replace(PRESETS[args.preset], **overrides)
+    model = GPT(config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, args.warmup_steps, args.steps)
+    )
+    data = TokenStream(settings.data_dir, args.batch_size, config.block_size)
+    session = TrainingSession(
+        {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": data}, settings
+    )
+    start = session.resume()
+    LOG.info(
+        "model %s: %.2fM parameters on %s; steps %d..%d",
+        args.preset,
+        sum(p.numel() for p in model.parameters()) / 1e6,
+        device,
+        start + 1,
+        args.steps,
+    )
+    loss_log = args.loss_log.open("a") if args.loss_log else None
+    tokens_per_step = args.batch_size * config.block_size
+    window_start, window_steps = time.perf_counter(), 0
+    step = start
+    try:
+        while step < args.steps and not session.stop_requested:
+            step += 1
+            inputs, targets = (t.to(device, non_blocking=True) for t in data.next_batch())
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_cuda):
+                loss = model(inputs, targets)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            loss_value = loss.item()
+            if loss_log is not None:
+                loss_log.write(json.dumps({"step": step, "loss": loss_value}) + "\n")
+                loss_log.flush()
+            session.end_step(step, loss=loss_value, tokens=tokens_per_step)
+            window_steps += 1
+            if step % args.log_every == 0:
+                elapsed = time.perf_counter() - window_start
+                LOG.info(
+                    "step %d loss %.4f tokens/s %.0f",
+                    step,
+                    loss_value,
+                    window_steps * tokens_per_step / elapsed,
+                )
+                window_start, window_steps = time.perf_counter(), 0
+    finally:
+        if loss_log is not None:
+            loss_log.close()
+    session.close(step)
+    if session.stop_requested:
+        LOG.warning("stopped at step %d by SIGTERM after saving", step)
+        return EXIT_TERMINATED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""Asynchronous checkpoint writer: the loop blocks only for the host snapshot.
+
+`save()` waits for the previous persist (a save never starts while the previous one is still
+being written), copies the state into the reused host buffer, and hands the rest to one
+background thread: write every component file while hashing it, fsync, write the manifest
+last, rename into place, fsync the root (all through `trainguard.ckpt`), read the new
+checkpoint back to verify it, then apply keep-last-N.
+
+A persist that fails (ENOSPC, EIO, a checkpoint that does not read back) is never swallowed:
+it is reported at once through `on_event` and raised as `CheckpointSaveError` by the next
+`check()`, `save()`, `wait()` or `close()`. The temporary directory is removed and the previous
+checkpoint is untouched.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import JsonValue
+
+from trainguard.ckpt import (
+    DEFAULT_ALGORITHM,
+    CheckpointTransaction,
+    new_hasher,
+    prune,
+    remove_partials,
+    verify,
+)
+from trainguard_harness.settings import DEFAULT_KEEP_LAST
+from trainguard_harness.snapshot import HostSnapshotter, Plan, Snapshot, plan_state
+from trainguard_harness.tensorfile import FILE_SUFFIX
+
+LOG = logging.getLogger(__name__)
+PRODUCER = "trainguard-harness"
+META_PRODUCER = "producer"
+META_COMPONENTS = "components"
+META_SNAPSHOT_SECONDS = "snapshot_seconds"
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be made durable; `errno` is set when an OS error was the cause."""
+
+    def __init__(self, step: int, message: str, errno: int | None = None) -> None:
+        super().__init__(f"checkpoint of step {step} failed: {message}")
+        self.step = step
+        self.errno = errno
+
+
+class EventKind(enum.StrEnum):
+    """What a checkpoint event reports."""
+
+    SAVED = "saved"
+    FAILED = "failed"
+    INVALID = "invalid"
+    PRUNED = "pruned"
+    PARTIAL_REMOVED = "partial-removed"
+
+
+@dataclass(frozen=True)
+class CheckpointEvent:
+    """One thing that happened to checkpoints, for logs, the heartbeat or the agent."""
+
+    kind: EventKind
+    step: int | None
+    path: Path | None
+    message: str
+
+
+EventSink = Callable[[CheckpointEvent], None]
+
+
+def log_event(event: CheckpointEvent) -> None:
+    """The default event sink: failures and invalid checkpoints are errors in the log."""
+    failed = event.kind in (EventKind.FAILED, EventKind.INVALID)
+    LOG.log(
+        logging.ERROR if failed else logging.INFO, "checkpoint %s: %s", event.kind, event.message
+    )
+
+
+@dataclass(frozen=True)
+class SaveStats:
+    """What a save cost the training loop."""
+
+    step: int
+    wait_seconds: float  # waiting for the previous persist to finish
+    snapshot_seconds: float  # copying into host memory
+    nbytes: int
+
+    @property
+    def stall_seconds(self) -> float:
+        """Total time the caller was blocked."""
+        return self.wait_seconds + self.snapshot_seconds
+
+
+@dataclass(frozen=True)
+class PersistStats:
+    """What the background part of a save did."""
+
+    step: int
+    path: Path
+    nbytes: int
+    write_seconds: float  # write + hash + fsync + manifest + rename
+    verify_seconds: float  # read-back verification (0 when turned off)
+
+
+class CheckpointWriter:
+    """Writes checkpoints of a state mapping (component name -> state) into `root`."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        keep_last: int = DEFAULT_KEEP_LAST,
+        algorithm: str = DEFAULT_ALGORITHM,
+        verify_after_write: bool = True,
+        on_event: EventSink = log_event,
+    ) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+        new_hasher(algorithm)  # refuse an unknown name now, not at the first save
+        self.root = Path(root)
+        self.keep_last = keep_last
+        self.algorithm = algorithm
+        self.verify_after_write = verify_after_write
+        self._on_event = on_event
+        self._snapshotter = HostSnapshotter()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trainguard-ckpt")
+        self._pending: Future[PersistStats | None] | None = None
+        self.last_persisted: PersistStats | None = None
+        self.root.mkdir(parents=True, exist_ok=True)
+        # This process is now the root's only writer: leftovers of a killed one go.
+        for leftover in remove_partials(self.root):
+            self._emit(EventKind.PARTIAL_REMOVED, None, leftover, f"removed leftover {leftover}")
+
+    def _emit(self, kind: EventKind, step: int | None, path: Path | None, message: str) -> None:
+        self._on_event(CheckpointEvent(kind, step, path, message))
+
+    @property
+    def busy(self) -> bool:
+        """True while a background persist (or buffer allocation) is running."""
+        return self._pending is not None and not self._pending.done()
+
+    def prepare(self, state: Mapping[str, object]) -> None:
+        """Allocate the host buffer for `state` in the background, so no save pays for it.
+
+        Call once the state has its final shapes (for most optimizers: after the first step).
+        """
+        plan = plan_state(state)
+        self.wait()
+        self._pending = self._executor.submit(self._allocate, plan)
+
+    def _allocate(self, plan: Plan) -> None:
+        self._snapshotter.ensure(plan)
+
+    def save(
+        self,
+        step: int,
+        state: Mapping[str, object],
+        *,
+        metadata: dict[str, JsonValue] | None = None,
+    ) -> SaveStats:
+        """Snapshot `state` into host memory and persist it in the background."""
+        started = time.perf_counter()
+        self.wait()
+        waited = time.perf_counter()
+        plan = plan_state(state)
+        snapshot = self._snapshotter.capture(plan)
+        done = time.perf_counter()
+        meta: dict[str, JsonValue] = {
+            META_PRODUCER: PRODUCER,
+            META_COMPONENTS: [component.name for component in plan.components],
+            META_SNAPSHOT_SECONDS: round(done - waited, 6),
+            **(metadata or {}),
+        }
+        self._pending = self._executor.submit(self._persist, step, snapshot, meta)
+        return SaveStats(step, waited - started, done - waited, plan.nbytes)
+
+    def _persist(
+        self, step: int, snapshot: Snapshot, metadata: dict[str, JsonValue]
+    ) -> PersistStats:
+        try:
+            return self._persist_or_raise(step, snapshot, metadata)
+        except CheckpointSaveError as error:
+            self._emit(EventKind.FAILED, step, None, str(error))
+            raise
+        except Exception as error:
+            failure = CheckpointSaveError(step, str(error), getattr(error, "errno", None))
+            self._emit(EventKind.FAILED, step, None, str(failure))
+            raise failure from error
+
+    def _persist_or_raise(
+        self, step: int, snapshot: Snapshot, metadata: dict[str, JsonValue]
+    ) -> PersistStats:
+        started = time.perf_counter()
+        with CheckpointTransaction(
+            self.root, step, algorithm=self.algorithm, metadata=metadata
+        ) as txn:
+            for index, component in enumerate(snapshot.plan.components):
+                with txn.create(component.name + FILE_SUFFIX) as out:
+                    out.write(component.header())
+                    out.write(snapshot.data(index))
+            committed = txn.commit()
+        written = time.perf_counter()
+        if committed.quarantined is not None:
+            self._emit(
+                EventKind.INVALID,
+                step,
+                committed.quarantined,
+                f"an invalid checkpoint of step {step} was moved aside to {committed.quarantined}",
+            )
+        if self.verify_after_write:
+            result = verify(committed.path)
+            if not result.ok:
+                raise CheckpointSaveError(
+                    step, f"{committed.path} does not verify after writing: {result.reasons}"
+                )
+        verified = time.perf_counter()
+        pruned = prune(self.root, self.keep_last)
+        for path in pruned.deleted:
+            self._emit(
+                EventKind.PRUNED, None, path, f"removed {path.name} (keep-last-{self.keep_last})"
+            )
+        for invalid in pruned.invalid:
+            reasons = "; ".join(invalid.reasons)
+            self._emit(
+                EventKind.INVALID, invalid.step, invalid.path, f"{invalid.path.name}: {reasons}"
+            )
+        stats = PersistStats(
+            step,
+            committed.path,
+            committed.manifest.total_bytes,
+            written - started,
+            verified - written,
+        )
+        self.last_persisted = stats
+        self._emit(
+            EventKind.SAVED,
+            step,
+            committed.path,
+            f"step {step}: {stats.nbytes} bytes in {stats.write_seconds:.3f}s"
+            f" (+{stats.verify_seconds:.3f}s verify)",
+        )
+        return stats
+
+    def check(self) -> None:
+        """Raise the error of a finished background persist, without waiting for a running one."""
+        if self._pending is not None and self._pending.done():
+            self.wait()
+
+    def wait(self) -> PersistStats | None:
+        """Wait for the background work; return its stats, or raise its CheckpointSaveError."""
+        pending, self._pending = self._pending, None
+        return None if pending is None else pending.result()
+
+    def close(self) -> None:
+        """Wait for the last persist (raising its error) and stop the background thread."""
+        try:
+            self.wait()
+        finally:
+            self._executor.shutdown(wait=True)
