@@ -161,3 +161,21 @@ def test_default_state_file_is_next_to_the_heartbeat(tmp_path: Path) -> None:
     )
     assert result.returncode == 0
     assert read_state(tmp_path / "hb" / "supervisor.json")["state"] == "completed"
+
+
+def test_supervisor_and_heartbeat_never_import_torch() -> None:
+    check = (
+        "import sys, trainguard.cli, trainguard_harness.supervisor, trainguard_harness.heartbeat;"
+        "from trainguard_harness import HarnessSettings;"
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=30)
+
+
+def test_the_library_surface_is_importable_from_the_package() -> None:
+    import trainguard_harness
+    from trainguard_harness.session import TrainingSession
+
+    assert trainguard_harness.TrainingSession is TrainingSession
+    with pytest.raises(AttributeError):
+        _ = trainguard_harness.NoSuchThing  # type: ignore[attr-defined]
