@@ -135,6 +135,7 @@ def test_heartbeat_reports_steps_loss_phase_and_checkpoints(tmp_path: Path) -> N
     assert record[hb.STEP] == 2 and record[hb.LOSS] == 0.5
     assert record[hb.PHASE] == hb.PHASE_TRAINING
     assert record[hb.LAST_CHECKPOINT_STEP] == 2 and record[hb.CHECKPOINT_ERROR] is None
+    assert 0 < record[hb.CHECKPOINT_STALL_S] < 5
     # No GPU here: framework memory is unknown, not zero.
     assert record[hb.MEMORY_ALLOCATED] is None and record[hb.MEMORY_RESERVED] is None
 

@@ -5,13 +5,15 @@ The pod agent reads it to tell a live, advancing trainer from a hung or dead one
     {"pid": 4242, "step": 1200, "time": 1764720000.52, "phase": "training",
      "tokens_per_s": 23850.0, "loss": 2.31,
      "memory_allocated_bytes": 81604378624, "memory_reserved_bytes": 90194313216,
-     "last_checkpoint_step": 1200, "checkpoint_error": null}
+     "last_checkpoint_step": 1200, "checkpoint_error": null, "checkpoint_stall_s": 0.41}
 
 `time` is when the training loop last reported (wall clock, seconds since the epoch), not when
 the file was written, so a loop that stops reporting looks stopped. Memory is what the
-framework holds (CUDA allocator statistics); it is null when no GPU is in use. The file is
-written to a temporary name and renamed, so readers never see a torn write. This module does
-not import torch (the agent may import it for the field names).
+framework holds (CUDA allocator statistics); it is null when no GPU is in use.
+`checkpoint_stall_s` is how long the last save blocked the loop: the measured cost a checkpoint
+cadence can be derived from (Young: sqrt(2 x cost x MTBF)). The file is written to a temporary
+name and renamed, so readers never see a torn write. This module does not import torch (the
+agent may import it for the field names).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ MEMORY_ALLOCATED = "memory_allocated_bytes"
 MEMORY_RESERVED = "memory_reserved_bytes"
 LAST_CHECKPOINT_STEP = "last_checkpoint_step"
 CHECKPOINT_ERROR = "checkpoint_error"
+CHECKPOINT_STALL_S = "checkpoint_stall_s"
 
 PHASE_TRAINING = "training"
 PHASE_SAVING = "saving"
@@ -85,6 +88,7 @@ class Heartbeat:
             MEMORY_RESERVED: None,
             LAST_CHECKPOINT_STEP: None,
             CHECKPOINT_ERROR: None,
+            CHECKPOINT_STALL_S: None,
         }
         self._last_write = -float("inf")
         self._timer: threading.Timer | None = None

@@ -199,6 +199,7 @@ class TrainingSession:
         if stats is not None:
             self.last_saved_step = step
             self.last_save_stats = stats
+            self.heartbeat.update(checkpoint_stall_s=round(stats.stall_seconds, 6))
         return stats
 
     def _guard(self, action: Callable[[], T]) -> T | None:
