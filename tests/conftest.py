@@ -1,4 +1,4 @@
-"""Shared fixtures: the local control plane for the apiserver and e2e tiers.
+"""Shared fixtures: the local control plane for the apiserver and e2e tiers, small disks.
 
 `cluster` starts one real control plane (etcd, kube-apiserver, controller-manager,
 scheduler, kwok GPU nodes) for the whole test session and stops it at the end. Set
@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +53,25 @@ def namespace(cluster: Cluster) -> Iterator[str]:
 def kubectl_json(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     """Run kubectl with `-o json` appended (helper for assertions)."""
     return cluster.kubectl(*args, "-o", "json")
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
+    """Mount small tmpfs disks (size in bytes) that really fill up; unmounted afterwards.
+
+    Needs root (the test environments run as root): a full disk is tested with a real one.
+    """
+    mounted: list[Path] = []
+
+    def mount(size: int) -> Path:
+        point = tmp_path / f"disk{len(mounted)}"
+        point.mkdir()
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)], check=True
+        )
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], check=True)

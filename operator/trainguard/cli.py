@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dev": ("trainguard.devcluster.cli", "local control plane for tests and the demo"),
     "operator": ("trainguard.operator_main", "run the operator: reconcile TrainingRuns into pods"),
     "restore": ("trainguard.agent.shipper", "init step: bring the newest valid checkpoint into L1"),
+    "stage-data": ("trainguard.agent.staging", "init step: copy the data to local disk, verified"),
     "supervise": ("trainguard_harness.supervisor", "run a training command under supervision"),
 }
 

@@ -1,0 +1,392 @@
+"""`trainguard stage-data`: verified, resumable copies of data shards, and bounded source reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from trainguard.agent import staging, steps
+from trainguard.agent.sources import (
+    DATA_MANIFEST_FILENAME,
+    DirectorySource,
+    Source,
+    SourceError,
+    SourceFile,
+    SourceReader,
+    SourceTimeoutError,
+    open_source,
+    read_chunks,
+)
+from trainguard.api import env
+from trainguard.ckpt import DEFAULT_ALGORITHM, hash_file
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+SHARDS = 200
+CONTROL = staging.CONTROL_DIRNAME
+
+
+def make_shards(root: Path, count: int = SHARDS, seed: int = 8) -> dict[str, bytes]:
+    """`count` shards of 2-4 KB in two subdirectories; returns relative path -> contents."""
+    rng = random.Random(seed)
+    shards = {}
+    for index in range(count):
+        relpath = f"{'train' if index % 4 else 'valid'}/shard-{index:05d}.bin"
+        data = rng.randbytes(rng.randint(2048, 4096))
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_bytes(data)
+        shards[relpath] = data
+    return shards
+
+
+def write_manifest(root: Path, paths: list[str]) -> None:
+    """DATA_MANIFEST.json computed here with the checkpoint hashing, not by the code under test."""
+    files = []
+    for relpath in sorted(paths):
+        size, digest = hash_file(root / relpath, DEFAULT_ALGORITHM)
+        files.append({"path": relpath, "size": size, "hash": digest})
+    manifest = {"format_version": 1, "hash_algorithm": DEFAULT_ALGORITHM, "files": files}
+    (root / DATA_MANIFEST_FILENAME).write_text(json.dumps(manifest))
+
+
+def staged_files(dest: Path) -> dict[str, bytes]:
+    """Every file in the data directory outside the bookkeeping."""
+    return {
+        p.relative_to(dest).as_posix(): p.read_bytes()
+        for p in dest.rglob("*")
+        if p.is_file() and CONTROL not in p.relative_to(dest).parts
+    }
+
+
+def progress(tmp_path: Path, source: str, dest: Path) -> staging.Progress:
+    return staging.Progress(source, dest, tmp_path / steps.STAGING_FILENAME, interval_s=60)
+
+
+def report(tmp_path: Path) -> dict[str, object]:
+    data: dict[str, object] = json.loads((tmp_path / steps.STAGING_FILENAME).read_text())
+    return data
+
+
+def run_stage(tmp_path: Path, source: Source, dest: Path, retries: int = 3) -> staging.StageResult:
+    opts = staging.Options(read_timeout_s=10, retries=retries)
+    return staging.stage(source, dest, opts, progress(tmp_path, source.description, dest))
+
+
+class FlipSource:
+    """A source that corrupts one file in transit: one byte flipped on chosen opens."""
+
+    def __init__(self, inner: DirectorySource, path: str, opens: set[int]) -> None:
+        self.inner = inner
+        self.path = path
+        self.opens = opens  # 1-based numbers of the opens of `path` that are corrupted
+        self.count = 0
+
+    @property
+    def description(self) -> str:
+        return self.inner.description
+
+    def list_files(self) -> list[SourceFile]:
+        return self.inner.list_files()
+
+    def read_manifest(self) -> bytes | None:
+        return self.inner.read_manifest()
+
+    def open(self, path: str, offset: int = 0) -> SourceReader:
+        reader = self.inner.open(path, offset)
+        if path != self.path:
+            return reader
+        self.count += 1
+        return _Flipping(reader) if self.count in self.opens else reader
+
+
+class _Flipping:
+    def __init__(self, inner: SourceReader) -> None:
+        self.inner = inner
+        self.flipped = False
+
+    def read(self, size: int) -> bytes:
+        data = self.inner.read(size)
+        if data and not self.flipped:
+            self.flipped = True
+            return bytes([data[0] ^ 0x01]) + data[1:]
+        return data
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
+    source = tmp_path / "source"
+    contents = make_shards(source)
+    return source, contents
+
+
+@pytest.mark.parametrize("with_manifest", [True, False], ids=["source-manifest", "built"])
+def test_stages_200_shards_verified_then_skips_the_verified_copy(
+    tmp_path: Path, shards: tuple[Path, dict[str, bytes]], with_manifest: bool
+) -> None:
+    source, contents = shards
+    if with_manifest:
+        write_manifest(source, list(contents))
+    dest = tmp_path / "data"
+
+    result = run_stage(tmp_path, DirectorySource(source), dest)
+
+    assert (result.files, result.copied, result.recopies) == (SHARDS, SHARDS, 0)
+    assert staged_files(dest) == contents
+    assert list((dest / CONTROL / staging.PARTIAL_DIRNAME).iterdir()) == []
+    state = json.loads((dest / CONTROL / staging.STATE_FILENAME).read_text())
+    assert state["complete"] and len(state["verified"]) == SHARDS
+    assert state["manifest_origin"] == ("source" if with_manifest else "built")
+    done = report(tmp_path)
+    assert done["phase"] == staging.COMPLETE and done["exit_code"] == 0
+    assert done["files_done"] == done["files_total"] == SHARDS
+    assert done["bytes_done"] == done["bytes_total"] == sum(map(len, contents.values()))
+    # Built: the source is read twice (hash, then copy); with a manifest, once.
+    assert done["bytes_transferred"] == done["bytes_total"] * (1 if with_manifest else 2)
+
+    again = run_stage(tmp_path, DirectorySource(source), dest)
+
+    assert again.skipped and again.copied == 0 and again.bytes_transferred == 0
+    assert report(tmp_path)["phase"] == staging.SKIPPED
+    assert report(tmp_path)["already_verified"] == SHARDS
+
+
+@pytest.mark.parametrize("with_manifest", [True, False], ids=["source-manifest", "built"])
+def test_a_shard_corrupted_in_transit_is_detected_and_copied_again(
+    tmp_path: Path,
+    shards: tuple[Path, dict[str, bytes]],
+    with_manifest: bool,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    source, contents = shards
+    if with_manifest:
+        write_manifest(source, list(contents))
+    victim = "train/shard-00077.bin"
+    # A built manifest reads each file once to hash it: corrupt the first copy, not that.
+    corrupt = FlipSource(DirectorySource(source), victim, {1 if with_manifest else 2})
+    dest = tmp_path / "data"
+
+    result = run_stage(tmp_path, corrupt, dest)
+
+    assert (result.copied, result.recopies) == (SHARDS, 1)
+    assert staged_files(dest) == contents
+    assert report(tmp_path)["recopies"] == 1
+    log = capsys.readouterr().out
+    assert f"{victim}: the copy has" in log and "copying again (2/4)" in log
+
+
+def test_a_shard_that_never_verifies_fails_naming_it(
+    tmp_path: Path, shards: tuple[Path, dict[str, bytes]]
+) -> None:
+    source, contents = shards
+    write_manifest(source, list(contents))
+    victim = "valid/shard-00008.bin"
+    corrupt = FlipSource(DirectorySource(source), victim, set(range(1, 100)))
+    dest = tmp_path / "data"
+
+    with pytest.raises(staging.VerificationError, match=f"{victim} .* still differs after 3"):
+        run_stage(tmp_path, corrupt, dest, retries=2)
+
+    assert corrupt.count == 3
+    assert not (dest / victim).exists()
+
+
+def test_a_copy_in_place_without_bookkeeping_is_adopted_and_a_changed_file_recopied(
+    tmp_path: Path, shards: tuple[Path, dict[str, bytes]]
+) -> None:
+    source, contents = shards
+    write_manifest(source, list(contents))
+    dest = tmp_path / "data"
+    for relpath, data in contents.items():  # e.g. a local volume copied by hand
+        (dest / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (dest / relpath).write_bytes(data)
+    changed = "train/shard-00101.bin"
+    (dest / changed).write_bytes(b"\0" * len(contents[changed]))
+
+    result = run_stage(tmp_path, DirectorySource(source), dest)
+
+    assert (result.adopted, result.copied, result.bytes_transferred) == (
+        SHARDS - 1,
+        1,
+        len(contents[changed]),
+    )
+    assert staged_files(dest) == contents
+
+    time.sleep(0.01)  # a new mtime for the file changed after staging
+    (dest / changed).write_bytes(b"\1" * len(contents[changed]))
+    again = run_stage(tmp_path, DirectorySource(source), dest)
+
+    assert (again.already_verified, again.copied, again.skipped) == (SHARDS - 1, 1, False)
+    assert staged_files(dest) == contents
+
+
+def _cli(tmp_path: Path, *args: str, inject: str | None = None) -> subprocess.Popen[str]:
+    environ = {**os.environ, env.STATE_DIR: str(tmp_path / "state")}
+    environ.pop(staging.INJECT_ENV, None)
+    if inject is not None:
+        environ[staging.INJECT_ENV] = inject
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainguard.cli", "stage-data", *args],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _cli_report(tmp_path: Path) -> dict[str, object]:
+    data: dict[str, object] = json.loads((tmp_path / "state" / steps.STAGING_FILENAME).read_text())
+    return data
+
+
+def test_killed_half_way_resumes_without_copying_verified_files_again(
+    tmp_path: Path, shards: tuple[Path, dict[str, bytes]]
+) -> None:
+    source, contents = shards
+    write_manifest(source, list(contents))
+    dest = tmp_path / "data"
+    args = ("--source", str(source), "--dest", str(dest), "--jobs", "2")
+    first = _cli(tmp_path, *args, inject=f"{staging.INJECT_SLOW_FILES}0.05")
+    deadline = time.monotonic() + 30
+    while len(staged_files(dest) if dest.exists() else {}) < SHARDS // 4:
+        assert first.poll() is None, "staging ended before it was killed"
+        assert time.monotonic() < deadline, "staging made no progress"
+        time.sleep(0.02)
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=10)
+    present = {
+        relpath: ((dest / relpath).stat().st_ino, (dest / relpath).stat().st_mtime_ns)
+        for relpath in staged_files(dest)
+    }
+    assert SHARDS // 4 <= len(present) < SHARDS
+
+    second = _cli(tmp_path, *args)
+    log, _ = second.communicate(timeout=30)
+
+    assert second.returncode == 0, log
+    assert staged_files(dest) == contents
+    final = _cli_report(tmp_path)
+    # Every file verified before the kill is kept as it is (bookkeeping, or adopted by hash).
+    assert final["copied"] == SHARDS - len(present)
+    assert final["already_verified"] + final["adopted"] == len(present)  # type: ignore[operator]
+    assert final["already_verified"] > 0  # type: ignore[operator]
+    assert "already verified here: not copied again" in log
+    for relpath, identity in present.items():
+        stat = (dest / relpath).stat()
+        assert (stat.st_ino, stat.st_mtime_ns) == identity, relpath
+
+
+def test_a_source_read_that_never_returns_fails_within_the_timeout(
+    tmp_path: Path, shards: tuple[Path, dict[str, bytes]]
+) -> None:
+    source, contents = shards
+    hung = "train/shard-00005.bin"
+    write_manifest(source, list(contents))
+    # A FIFO with no writer: opening it blocks forever, like a read from a hung network mount.
+    (source / hung).unlink()
+    os.mkfifo(source / hung)
+    dest = tmp_path / "data"
+    started = time.monotonic()
+
+    run = _cli(tmp_path, "--source", str(source), "--dest", str(dest), "--read-timeout", "1")
+    log, _ = run.communicate(timeout=20)
+
+    elapsed = time.monotonic() - started
+    assert run.returncode == staging.ExitCode.SOURCE_HUNG, log
+    assert elapsed < 10, f"took {elapsed:.1f} s"
+    assert f"reading {hung} at offset 0 from {source}: no answer from the source within 1 s" in log
+    failed = _cli_report(tmp_path)
+    assert failed["phase"] == staging.FAILED
+    assert failed["exit_code"] == staging.ExitCode.SOURCE_HUNG
+    assert hung in str(failed["error"])
+
+
+@pytest.fixture
+def stalled_fifo(tmp_path: Path) -> Iterator[tuple[Path, Callable[[], None]]]:
+    """A FIFO whose writer sends 100 bytes and then stalls (open until released)."""
+    fifo = tmp_path / "src" / "stalled.bin"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    release = threading.Event()
+
+    def writer() -> None:
+        with fifo.open("wb", buffering=0) as handle:
+            handle.write(b"x" * 100)
+            release.wait(30)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    yield fifo, release.set
+    release.set()
+    thread.join(10)
+
+
+def test_a_read_that_stalls_mid_file_times_out_naming_the_offset(
+    stalled_fifo: tuple[Path, Callable[[], None]],
+) -> None:
+    fifo, _ = stalled_fifo
+    source = DirectorySource(fifo.parent)
+    received = b""
+    started = time.monotonic()
+
+    with pytest.raises(SourceTimeoutError, match=r"stalled\.bin at offset 100 .* within 0\.5 s"):
+        for chunk in read_chunks(source, fifo.name, 0, timeout_s=0.5):
+            received += chunk
+
+    assert received == b"x" * 100
+    assert time.monotonic() - started < 5
+
+
+def test_staging_fails_cleanly_when_the_local_disk_is_full(
+    tmp_path: Path, shards: tuple[Path, dict[str, bytes]], tmpfs: Callable[[int], Path]
+) -> None:
+    source, contents = shards
+    write_manifest(source, list(contents))
+    dest = tmpfs(256 * 1024)  # the 200 shards need about 600 KB
+
+    run = _cli(tmp_path, "--source", str(source), "--dest", str(dest))
+    log, _ = run.communicate(timeout=30)
+
+    assert run.returncode == staging.ExitCode.DEST_ERROR, log
+    assert "No space left on device" in str(_cli_report(tmp_path)["error"])
+
+
+def test_source_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match="s3:// data sources are not supported yet"):
+        open_source("s3://bucket/shards")
+    assert isinstance(open_source(f"file://{tmp_path}"), DirectorySource)
+
+    run = _cli(tmp_path, "--source", str(tmp_path / "missing"), "--dest", str(tmp_path / "d"))
+    log, _ = run.communicate(timeout=30)
+
+    assert run.returncode == staging.ExitCode.SOURCE_ERROR, log
+    assert f"{tmp_path / 'missing'}: not a directory" in log
+
+
+def test_write_manifest_records_every_shard_for_later_stagings(
+    tmp_path: Path, shards: tuple[Path, dict[str, bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, contents = shards
+    monkeypatch.delenv(staging.INJECT_ENV, raising=False)
+    monkeypatch.setenv(env.STATE_DIR, str(tmp_path / "state"))
+
+    assert staging.main(["--source", str(source), "--write-manifest"]) == 0
+
+    written = json.loads((source / DATA_MANIFEST_FILENAME).read_text())
+    expected = {
+        relpath: list(hash_file(source / relpath, DEFAULT_ALGORITHM)) for relpath in contents
+    }
+    assert written["hash_algorithm"] == DEFAULT_ALGORITHM
+    assert {f["path"]: [f["size"], f["hash"]] for f in written["files"]} == expected
