@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("trainguard.agent.main", "the pod agent (native sidecar): watch, report, act"),
     "demo": ("trainguard.demo", "show trainguard at work on a local control plane"),
     "dev": ("trainguard.devcluster.cli", "local control plane for tests and the demo"),
+    "preflight": ("trainguard.agent.preflight", "init step: test local disks and the GPU first"),
     "operator": ("trainguard.operator_main", "run the operator: reconcile TrainingRuns into pods"),
     "restore": ("trainguard.agent.shipper", "init step: bring the newest valid checkpoint into L1"),
     "stage-data": ("trainguard.agent.staging", "init step: copy the data to local disk, verified"),

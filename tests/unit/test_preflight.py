@@ -1,0 +1,198 @@
+"""`trainguard preflight`: real disks (a directory, a full tmpfs), injected corruption, GPU."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.agent import preflight, steps
+from trainguard.agent.gpu import SIMULATION_ENV, UnavailableProbe
+from trainguard.api import env
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+MIB = 2**20
+# Small and quick; floors low enough for any disk, so only the injected faults fail.
+QUICK = ["--test-size", "4Mi", "--margin", "1Mi", "--min-write-mbps", "1", "--min-read-mbps", "1"]
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A healthy node: L1 and data directories, a state dir, an idle simulated GPU."""
+    paths = {name: tmp_path / name for name in ("l1", "data", "state")}
+    for path in paths.values():
+        path.mkdir()
+    paths["gpu"] = tmp_path / "gpu-sim.json"
+    paths["gpu"].write_text(json.dumps({"ghost_mib": 0}))
+    monkeypatch.setenv(env.L1_DIR, str(paths["l1"]))
+    monkeypatch.setenv(env.DATA_DIR, str(paths["data"]))
+    monkeypatch.setenv(env.STATE_DIR, str(paths["state"]))
+    monkeypatch.setenv(SIMULATION_ENV, str(paths["gpu"]))
+    monkeypatch.setenv(env.CKPT_BYTES, str(2 * MIB))
+    monkeypatch.setenv(env.DATA_BYTES, str(3 * MIB))
+    monkeypatch.setenv(env.KEEP_LAST, "2")
+    for name in (preflight.INJECT_ENV, env.MONITOR, env.HASH):
+        monkeypatch.delenv(name, raising=False)
+    return paths
+
+
+def run(node: dict[str, Path], *args: str) -> tuple[int, dict[str, Any]]:
+    code = preflight.main([*QUICK, *args])
+    result: dict[str, Any] = json.loads((node["state"] / steps.PREFLIGHT_FILENAME).read_text())
+    assert result["exit_code"] == code
+    return code, result
+
+
+def checks(result: dict[str, Any], check: str) -> dict[str, dict[str, Any]]:
+    return {c["target"]: c for c in result["checks"] if c["check"] == check}
+
+
+def test_a_healthy_node_passes_with_figures(node: dict[str, Path]) -> None:
+    code, result = run(node)
+
+    assert code == preflight.ExitCode.OK
+    assert result["ok"] and result["failure"] is None
+    for target in ("l1", "data"):
+        integrity = checks(result, preflight.INTEGRITY)[target]
+        assert integrity["status"] == preflight.PASS, integrity
+        figures = integrity["figures"]
+        assert figures["bytes"] == 4 * MIB
+        assert figures["written_hash"] == figures["read_hash"]
+        assert figures["write_mb_per_s"] > 0 and figures["read_mb_per_s"] > 0
+        assert checks(result, preflight.BANDWIDTH)[target]["status"] == preflight.PASS
+        assert not list(node[target].glob(f"{preflight.TEST_FILE_PREFIX}*")), "test file left"
+    (space,) = checks(result, preflight.SPACE).values()  # both on the same filesystem
+    assert space["status"] == preflight.PASS
+    # data 3 MiB + (keep 2 + 1) x checkpoint 2 MiB + margin 1 MiB
+    assert space["figures"]["need_bytes"] == 10 * MIB
+    assert space["figures"]["free_bytes"] > space["figures"]["need_bytes"]
+    gpu = checks(result, preflight.GPU)["gpu"]
+    assert gpu["status"] == preflight.PASS and gpu["figures"]["source"] == "simulated"
+
+
+@pytest.mark.parametrize(
+    ("fill", "expect_integrity"),
+    [(7 * MIB, preflight.SKIPPED), (0, preflight.PASS)],
+    ids=["disk-full", "too-small-for-checkpoints"],
+)
+def test_a_disk_that_lacks_space_fails(
+    node: dict[str, Path],
+    tmpfs: Callable[[int], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    fill: int,
+    expect_integrity: str,
+) -> None:
+    disk = tmpfs(8 * MIB)
+    l1 = disk / "l1"
+    l1.mkdir()
+    # Something else on the node's disk (outside L1) takes the room.
+    (disk / "other-tenant").write_bytes(b"\0" * fill)
+    monkeypatch.setenv(env.L1_DIR, str(l1))
+    monkeypatch.setenv(env.CKPT_BYTES, str(3 * MIB))  # (keep 2 + 1) x 3 MiB: more than 8 MiB
+
+    code, result = run(node)
+
+    assert code == preflight.ExitCode.SPACE
+    assert result["failure"] == preflight.Failure.INSUFFICIENT_SPACE
+    space = checks(result, preflight.SPACE)["l1"]
+    assert space["status"] == preflight.FAIL
+    assert space["figures"]["free_bytes"] < space["figures"]["need_bytes"] == 10 * MIB
+    assert "not enough space" in result["message"]
+    assert checks(result, preflight.INTEGRITY)["l1"]["status"] == expect_integrity
+    assert checks(result, preflight.SPACE)["data"]["status"] == preflight.PASS
+
+
+def test_a_disk_that_corrupts_written_data_fails(
+    node: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(preflight.INJECT_ENV, preflight.INJECT_CORRUPT_READBACK)
+
+    code, result = run(node)
+
+    assert code == preflight.ExitCode.STORAGE_INTEGRITY
+    assert result["failure"] == preflight.Failure.STORAGE_CORRUPT
+    assert result["fault_injection"] == preflight.INJECT_CORRUPT_READBACK
+    integrity = checks(result, preflight.INTEGRITY)["l1"]
+    assert integrity["status"] == preflight.FAIL
+    assert integrity["figures"]["written_hash"] != integrity["figures"]["read_hash"]
+    assert "the disk corrupts data" in result["message"]
+
+
+@pytest.mark.parametrize(
+    ("gpu_state", "used_mib"),
+    [({"ghost_mib": 30000}, 30000), ({"extra_processes": 1, "extra_process_mib": 512}, 512)],
+    ids=["ghost-memory", "foreign-process"],
+)
+def test_gpu_memory_already_held_fails(
+    node: dict[str, Path], gpu_state: dict[str, int], used_mib: int
+) -> None:
+    node["gpu"].write_text(json.dumps(gpu_state))
+
+    code, result = run(node)
+
+    assert code == preflight.ExitCode.GPU
+    assert result["failure"] == preflight.Failure.GPU_MEMORY_HELD
+    gpu = checks(result, preflight.GPU)["gpu"]
+    assert gpu["status"] == preflight.FAIL
+    assert gpu["figures"]["used_mib"] == used_mib
+    assert gpu["figures"]["max_used_mib"] == 2048  # the run's ghost-memory threshold
+
+
+def test_gpu_bound_follows_the_runs_monitor_and_the_flag(
+    node: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node["gpu"].write_text(json.dumps({"ghost_mib": 3000}))
+    monkeypatch.setenv(env.MONITOR, json.dumps({"ghostMemory": {"thresholdMiB": 4096}}))
+    assert run(node)[0] == preflight.ExitCode.OK
+    assert run(node, "--gpu-max-used-mib", "1000")[0] == preflight.ExitCode.GPU
+
+
+def test_without_a_gpu_reading_the_check_is_skipped_with_the_reason() -> None:
+    check = preflight.check_gpu(UnavailableProbe("NVML not usable: no driver"), 2048)
+
+    assert check.status == preflight.SKIPPED
+    assert check.message == "no GPU reading: NVML not usable: no driver"
+
+
+def test_storage_below_the_bandwidth_floor_fails(node: dict[str, Path]) -> None:
+    code, result = run(node, "--min-write-mbps", "1e9")
+
+    assert code == preflight.ExitCode.BANDWIDTH
+    assert result["failure"] == preflight.Failure.STORAGE_SLOW
+    slow = checks(result, preflight.BANDWIDTH)["l1"]
+    assert slow["status"] == preflight.FAIL
+    assert slow["figures"]["min_write_mb_per_s"] == 1e9
+    assert "below the floor" in slow["message"]
+
+
+def test_several_failures_are_all_reported_and_the_exit_code_is_the_first_class(
+    node: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(preflight.INJECT_ENV, preflight.INJECT_CORRUPT_READBACK)
+    node["gpu"].write_text(json.dumps({"ghost_mib": 30000}))
+
+    code, result = run(node, "--min-read-mbps", "1e9")
+
+    assert code == preflight.ExitCode.STORAGE_INTEGRITY
+    failures = {c["failure"] for c in result["checks"] if c["status"] == preflight.FAIL}
+    assert failures == {
+        preflight.Failure.STORAGE_CORRUPT,
+        preflight.Failure.GPU_MEMORY_HELD,
+        preflight.Failure.STORAGE_SLOW,
+    }
+    assert len(result["message"]) <= preflight.MESSAGE_LIMIT
+
+
+def test_an_unknown_fault_name_is_a_usage_error(
+    node: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(preflight.INJECT_ENV, "corrupt-everything")
+
+    with pytest.raises(SystemExit) as exit_info:
+        preflight.main(QUICK)
+
+    assert exit_info.value.code == preflight.ExitCode.USAGE
