@@ -1,6 +1,7 @@
 """kopf registrations of the operator, and nothing else: each handler hands one run to a cycle.
 
 - `configure` (startup): kopf's settings, the API client, the periodic resync.
+- `login`: kopf's own connection, with the same credentials as the API client.
 - `run_pods` / `runs` (indexes): a run's pods and the runs themselves, kept in memory from
   the watches, so a cycle lists nothing.
 - `reconcile_run` (resume, create, spec update): a full cycle, companions re-applied.
@@ -63,6 +64,12 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any
     memo.resync = asyncio.create_task(
         _resync(memo, kwargs[RUNS], kwargs[RUN_PODS], config.resync_seconds)
     )
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The pod's service account in a cluster, else the kubeconfig (as the operator's client)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.cleanup()

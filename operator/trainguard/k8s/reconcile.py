@@ -117,15 +117,25 @@ def converge(
 ) -> None:
     """Apply the companions and the pod the decision asks for; delete the pods it drops."""
     create = decision.create and not lifecycle.blocked(placement)
+    namespace, name = run.metadata.namespace or "", run.metadata.name
     if full or create:
         for manifest in companions(run):
             apply(kube, manifest)
     for pod in decision.delete:
-        delete_pod(kube, run.metadata.namespace or "", pod.name)
+        log.info("%s/%s: deleting pod %s (%s)", namespace, name, pod.name, decision.cause)
+        delete_pod(kube, namespace, pod.name)
     if create and decision.attempt is not None:
         excluded = tuple(n.node for n in (run.status or TrainingRunStatus()).excluded_nodes)
         inputs = PodInputs(decision.attempt, excluded, settings.agent_image)
-        apply(kube, training_pod(run, inputs))
+        manifest = training_pod(run, inputs)
+        log.info(
+            "%s/%s: creating pod %s (%s)",
+            namespace,
+            name,
+            manifest["metadata"]["name"],
+            decision.cause,
+        )
+        apply(kube, manifest)
 
 
 def report(

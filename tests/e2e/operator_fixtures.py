@@ -1,0 +1,76 @@
+"""Fixtures of the operator's end-to-end tests (`pytest_plugins = ("operator_fixtures",)`).
+
+- `trainingrun_crd` (session): the checked-in CRD, applied and Established;
+- `node_pool`: kwok GPU nodes of the test's own, labelled with the test's namespace, so
+  runs can be pinned to them (`pinned(run, pool)`) and tests never disturb each other or
+  the shared nodes; deleted afterwards;
+- `operator`: `trainguard operator` watching the test's namespace; on failure its log,
+  `kubectl describe` of the namespace's runs and pods, and the Events are printed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from operator_proc import CRD_FILE, POOL_LABEL, OperatorProcess, diagnostics
+
+from trainguard.api.constants import CRD_NAME
+from trainguard.devcluster.cluster import Cluster
+from trainguard.devcluster.nodes import gpu_node
+
+
+@pytest.fixture(scope="session")
+def trainingrun_crd(cluster: Cluster) -> str:
+    """The TrainingRun CRD, installed (or updated) and Established."""
+    cluster.kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=trainguard-tests",
+        "-f",
+        str(CRD_FILE),
+    )
+    cluster.kubectl(
+        "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s", timeout=90
+    )
+    return CRD_NAME
+
+
+@pytest.fixture
+def node_pool(cluster: Cluster, namespace: str) -> Iterator[str]:
+    """Two kwok GPU nodes of this test's own, labelled with its pool (= its namespace)."""
+    names = [f"{namespace}-gpu-{i}" for i in range(2)]
+    nodes = []
+    for name in names:
+        node = gpu_node(name)
+        node["metadata"]["labels"][POOL_LABEL] = namespace
+        nodes.append(node)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(nodes))
+    try:
+        yield namespace
+    finally:
+        cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
+
+
+@pytest.fixture
+def operator(
+    cluster: Cluster,
+    namespace: str,
+    trainingrun_crd: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[OperatorProcess]:
+    """The operator, running, watching this test's namespace; diagnostics on failure."""
+    process = OperatorProcess(cluster, [namespace], tmp_path / "operator.log")
+    process.start()
+    failed_before = request.session.testsfailed
+    try:
+        yield process
+    finally:
+        if request.session.testsfailed > failed_before or os.environ.get("TRAINGUARD_E2E_LOGS"):
+            print(diagnostics(cluster, namespace, process))
+        process.stop()

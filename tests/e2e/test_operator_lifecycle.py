@@ -1,0 +1,123 @@
+"""A run's life: suspend, resume, a spec change, deletion that takes its children and only them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from operator_proc import (
+    OperatorProcess,
+    apply,
+    condition,
+    eventually,
+    example,
+    get_json,
+    pinned,
+    pods_of,
+)
+
+from trainguard.devcluster.cluster import Cluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+pytest_plugins = ("operator_fixtures",)
+
+COMPANIONS = (
+    ("serviceaccount", "life-trainguard"),
+    ("role", "life-trainguard"),
+    ("rolebinding", "life-trainguard"),
+    ("lease", "life-heartbeat"),
+)
+
+
+def _run(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    return get_json(cluster, "trainingrun", "life", "-n", namespace)
+
+
+def _patch_spec(cluster: Cluster, namespace: str, spec: dict[str, Any]) -> None:
+    cluster.kubectl(
+        "patch",
+        "trainingrun",
+        "life",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": spec}),
+    )
+
+
+def _running_attempt(cluster: Cluster, namespace: str, attempt: int) -> dict[str, Any] | None:
+    run = _run(cluster, namespace)
+    status = run.get("status", {})
+    pods = pods_of(cluster, namespace, "life")
+    if status.get("phase") == "Running" and status.get("attempt") == attempt and len(pods) == 1:
+        return run
+    return None
+
+
+def _exists(cluster: Cluster, namespace: str, kind: str, name: str) -> bool:
+    return cluster.kubectl("get", kind, name, "-n", namespace, check=False).returncode == 0
+
+
+def test_suspend_resume_change_and_delete(
+    cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
+) -> None:
+    run = pinned(example("minimal"), node_pool)
+    run["metadata"]["name"] = "life"
+    bystanders = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "life-notes"}, "data": {}},
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "life-other", "labels": {"trainguard.dev/run": "other"}},
+            "spec": {},
+        },
+    ]
+    apply(cluster, namespace, run, *bystanders)
+    eventually(lambda: _running_attempt(cluster, namespace, 1), 60, "attempt 1 running")
+
+    # Suspend: the pod goes, the run's other children and status stay.
+    _patch_spec(cluster, namespace, {"suspend": True})
+    suspended = eventually(
+        lambda: (
+            (r := _run(cluster, namespace))["status"]["phase"] == "Suspended"
+            and not pods_of(cluster, namespace, "life")
+            and r
+        ),
+        60,
+        "the run to be suspended with no pod",
+    )
+    found = condition(suspended, "Suspended")
+    assert found is not None and found["status"] == "True"
+    assert suspended["status"]["attempt"] == 1
+    assert "node" not in suspended["status"]
+    for kind, name in COMPANIONS:
+        assert _exists(cluster, namespace, kind, name), kind
+
+    # Resume: the next attempt, not a restart.
+    _patch_spec(cluster, namespace, {"suspend": False})
+    resumed = eventually(lambda: _running_attempt(cluster, namespace, 2), 60, "attempt 2 running")
+    assert [p["metadata"]["name"] for p in pods_of(cluster, namespace, "life")] == ["life-2"]
+    assert resumed["status"]["restarts"] == 0
+
+    # A spec change replaces the pod with one built from the new spec.
+    _patch_spec(cluster, namespace, {"trainer": {"args": ["--lr", "1e-4"]}})
+    eventually(lambda: _running_attempt(cluster, namespace, 3), 60, "attempt 3 running")
+    [pod] = pods_of(cluster, namespace, "life")
+    assert pod["metadata"]["name"] == "life-3"
+    assert pod["spec"]["containers"][0]["args"] == ["--lr", "1e-4"]
+
+    # Deletion takes the run's children and nothing else.
+    cluster.kubectl("delete", "trainingrun", "life", "-n", namespace, "--wait=true", timeout=60)
+    eventually(
+        lambda: (
+            not pods_of(cluster, namespace, "life")
+            and not any(_exists(cluster, namespace, kind, name) for kind, name in COMPANIONS)
+        ),
+        60,
+        "the children to be garbage-collected",
+    )
+    assert _exists(cluster, namespace, "configmap", "life-notes")
+    assert _exists(cluster, namespace, "lease", "life-other")
+    assert operator.alive()

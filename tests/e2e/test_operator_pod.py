@@ -1,0 +1,155 @@
+"""The minimal example becomes exactly one guarded pod on a GPU node; `kubectl get tr` says so."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from operator_proc import (
+    OperatorProcess,
+    apply,
+    condition,
+    eventually,
+    example,
+    get_json,
+    pinned,
+    pods_of,
+)
+
+from trainguard.api import env
+from trainguard.devcluster.cluster import Cluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytest_plugins = ("operator_fixtures",)
+
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def _by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in items}
+
+
+def _running(cluster: Cluster, namespace: str) -> dict[str, Any] | None:
+    run = get_json(cluster, "trainingrun", "minimal", "-n", namespace)
+    return run if run.get("status", {}).get("phase") == "Running" else None
+
+
+def test_minimal_example_yields_one_guarded_pod(
+    cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
+) -> None:
+    excluded = f"{node_pool}-gpu-0"
+    # A node the run must avoid (as recorded after a failure), written before the first pod.
+    apply(cluster, namespace, pinned(example("minimal"), node_pool))
+    cluster.kubectl(
+        "patch", "trainingrun", "minimal", "-n", namespace, "--subresource=status",
+        "--type=merge", "-p",
+        f'{{"status": {{"excludedNodes": [{{"node": "{excluded}", "reason": "GhostMemory",'
+        f' "time": "2026-01-01T00:00:00Z"}}]}}}}',
+    )  # fmt: skip
+    run = eventually(lambda: _running(cluster, namespace), 60, "the run to be Running")
+    [pod] = pods_of(cluster, namespace, "minimal")
+    meta, spec = pod["metadata"], pod["spec"]
+
+    assert meta["name"] == "minimal-1"
+    assert meta["labels"]["trainguard.dev/run"] == "minimal"
+    assert meta["labels"]["trainguard.dev/attempt"] == "1"
+    [owner] = meta["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "TrainingRun",
+        "minimal",
+        run["metadata"]["uid"],
+    )
+    assert owner["controller"] is True and owner["blockOwnerDeletion"] is True
+    fields = get_json(cluster, "pod", "minimal-1", "-n", namespace, "--show-managed-fields")
+    managers = {
+        m["manager"] for m in fields["metadata"]["managedFields"] if m["operation"] == "Apply"
+    }
+    assert managers == {"trainguard"}
+
+    # Placed on a GPU node of the pool, never on the excluded one.
+    assert spec["nodeName"] == f"{node_pool}-gpu-1"
+    assert spec["nodeSelector"] == {"trainguard.dev/test-pool": node_pool}
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [excluded]}]}
+    ]
+
+    assert spec["shareProcessNamespace"] is True
+    assert spec["serviceAccountName"] == "minimal-trainguard"
+    assert spec["restartPolicy"] == "Never"
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    init = _by_name(spec["initContainers"])
+    assert list(init) == ["agent", "preflight"]
+    assert init["agent"]["restartPolicy"] == "Always"
+    assert init["agent"]["command"] == ["trainguard", "agent"]
+    assert init["preflight"]["command"] == ["trainguard", "preflight"]
+    [trainer] = spec["containers"]
+    assert trainer["command"] == ["trainguard", "supervise", "--", "python", "train.py"]
+    for container in [*spec["initContainers"], trainer]:
+        assert container["securityContext"] == RESTRICTED, container["name"]
+
+    # 125M parameters x 16 B = 2 GB per checkpoint; keepLast 2 + 1 on disk, + margin.
+    assert trainer["resources"]["requests"] == {
+        "ephemeral-storage": "9081Mi",
+        "nvidia.com/gpu": "1",
+    }
+    assert trainer["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    volumes = _by_name(spec["volumes"])
+    assert volumes["l1"]["emptyDir"] == {"sizeLimit": "5723Mi"}
+    assert volumes["state"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Mi"}
+    assert volumes["logs"]["emptyDir"] == {"sizeLimit": "2Gi"}
+    # (The admission adds the service-account token; its Role is the run's narrow one.)
+    mounts = {
+        m["mountPath"]: m["name"]
+        for m in trainer["volumeMounts"]
+        if not m["name"].startswith("kube-api-access-")
+    }
+    assert mounts == {
+        "/trainguard/l1": "l1",
+        "/trainguard/state": "state",
+        "/trainguard/logs": "logs",
+    }
+
+    variables = {e["name"]: e.get("value", e.get("valueFrom")) for e in trainer["env"]}
+    assert variables[env.RUN_NAME] == "minimal"
+    assert variables[env.RUN_UID] == run["metadata"]["uid"]
+    assert variables[env.NAMESPACE] == namespace
+    assert variables[env.ATTEMPT] == "1"
+    assert variables[env.LEASE_NAME] == "minimal-heartbeat"
+    assert variables[env.L1_DIR] == "/trainguard/l1"
+    assert variables[env.STATE_DIR] == "/trainguard/state"
+    assert variables[env.HEARTBEAT_FILE] == "/trainguard/state/heartbeat.json"
+    assert variables[env.NODE_NAME] == {
+        "fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}
+    }
+    assert variables[env.POD_NAME] == {
+        "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}
+    }
+
+    # The status and `kubectl get tr`.
+    status = run["status"]
+    assert (status["attempt"], status["node"]) == (1, f"{node_pool}-gpu-1")
+    ready = condition(run, "Ready")
+    assert ready is not None and (ready["status"], ready["reason"]) == ("True", "Training")
+    table = cluster.kubectl("get", "tr", "-n", namespace).stdout.splitlines()
+    header, row = table[0].split(), table[1].split()
+    assert header[:3] == ["NAME", "PHASE", "STEP"] and "NODE" in header
+    assert row[0] == "minimal" and row[1] == "Running" and f"{node_pool}-gpu-1" in row
+
+    # The companions exist, owned by the run.
+    for kind, name in (
+        ("serviceaccount", "minimal-trainguard"),
+        ("role", "minimal-trainguard"),
+        ("rolebinding", "minimal-trainguard"),
+        ("lease", "minimal-heartbeat"),
+    ):
+        child = get_json(cluster, kind, name, "-n", namespace)
+        assert child["metadata"]["ownerReferences"][0]["uid"] == run["metadata"]["uid"], kind
