@@ -1,8 +1,8 @@
 """`trainguard operator`: run the operator (kopf) with trainguard's handlers.
 
-Equivalent to `kopf run -m trainguard.handlers --standalone`, with the settings of
-`trainguard.operator_config` as flags. Watches the namespaces given with `--namespace`, or
-all of them with `--all-namespaces`.
+Equivalent to `kopf run -m trainguard.handlers -m trainguard.metrics --standalone`, with
+the settings of `trainguard.operator_config` as flags. Watches the namespaces given with
+`--namespace`, or all of them with `--all-namespaces`.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def main(argv: list[str]) -> int:
         workers=args.workers,
         kubeconfig=args.kubeconfig or env.kubeconfig,
     )
-    import trainguard.handlers  # noqa: F401  (registers the handlers with kopf)
+    # Importing registers the handlers, and the metrics endpoint and its watch, with kopf.
+    import trainguard.handlers
+    import trainguard.metrics  # noqa: F401
 
     kopf.run(
         standalone=True,

@@ -1,0 +1,125 @@
+"""The operator's metrics: what a sequence of run statuses counts, and the gauges it shows."""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from trainguard.api import TrainingRunStatus
+from trainguard.metrics import ENV_METRICS_PORT, Metrics, serve
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2025, 6, 1, 10, 0, 0, tzinfo=UTC)
+T0 = "2025-06-01T09:59:58Z"
+RUN = ("team-a", "llm")
+SCRAPE_TIMEOUT_SECONDS = 5
+
+
+def status(reason: str, phase: str = "Running", **fields: Any) -> TrainingRunStatus:
+    """A status whose state (the Progressing condition) has this reason."""
+    condition = {
+        "type": "Progressing",
+        "status": "True",
+        "reason": reason,
+        "message": "",
+        "lastTransitionTime": T0,
+    }
+    return TrainingRunStatus.from_object({"phase": phase, "conditions": [condition], **fields})
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def metrics(registry: CollectorRegistry) -> Metrics:
+    return Metrics(registry)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def test_first_status_of_a_run_is_a_baseline(metrics: Metrics, registry: CollectorRegistry) -> None:
+    # An operator that starts sees every run once: their history must not count again.
+    metrics.observe(RUN, status("Training", restarts=3, verdict="Slow"), NOW)
+    assert value(registry, "trainguard_restarts_total", namespace="team-a") == 0
+    assert value(registry, "trainguard_verdicts_total", namespace="team-a", verdict="Slow") == 0
+    assert value(registry, "trainguard_runs", namespace="team-a", phase="Running") == 1
+
+
+def test_restarts_and_verdicts_count_changes(metrics: Metrics, registry: CollectorRegistry) -> None:
+    metrics.observe(RUN, status("Training", restarts=0, verdict="Healthy"), NOW)
+    metrics.observe(RUN, status("Training", restarts=0, verdict="Healthy"), NOW)
+    metrics.observe(RUN, status("Training", restarts=2, verdict="Hung"), NOW)
+    metrics.observe(RUN, status("Training", restarts=2, verdict="Hung"), NOW)
+    assert value(registry, "trainguard_restarts_total", namespace="team-a") == 2
+    assert value(registry, "trainguard_verdicts_total", namespace="team-a", verdict="Hung") == 1
+    assert value(registry, "trainguard_verdicts_total", namespace="team-a", verdict="Healthy") == 0
+
+
+def test_action_with_its_failure_and_detection_latency(
+    metrics: Metrics, registry: CollectorRegistry
+) -> None:
+    failure = {"cause": "Dead", "time": T0, "message": "no trainer process", "step": 40}
+    metrics.observe(RUN, status("Training"), NOW)
+    metrics.observe(RUN, status("Rescheduling", "Recovering", lastFailure=failure), NOW)
+    metrics.observe(RUN, status("Scheduling", "Pending", lastFailure=failure), NOW)
+    labels = {"namespace": "team-a"}
+    assert value(
+        registry, "trainguard_actions_total", action="Rescheduling", reason="Dead", **labels
+    )
+    assert value(registry, "trainguard_actions_total", action="Scheduling", reason="None", **labels)
+    assert value(registry, "trainguard_reschedules_total", **labels) == 1
+    # One failure, observed once: 2 s from its time to the status.
+    assert value(registry, "trainguard_detection_latency_seconds_count", **labels) == 1
+    assert value(registry, "trainguard_detection_latency_seconds_sum", **labels) == 2.0
+    assert value(registry, "trainguard_detection_latency_seconds_bucket", le="2.0", **labels) == 1
+    assert value(registry, "trainguard_detection_latency_seconds_bucket", le="1.0", **labels) == 0
+
+
+def test_gauges_follow_the_latest_statuses(metrics: Metrics, registry: CollectorRegistry) -> None:
+    saved = (datetime.now(UTC) - timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    checkpoints = [{"layer": "l1", "step": 400, "time": saved, "verified": True}, {"layer": "s3"}]
+    excluded = [{"node": "gpu-1", "reason": "GhostMemory", "time": T0}]
+    metrics.observe(RUN, status("Training", checkpoints=checkpoints, excludedNodes=excluded), NOW)
+    metrics.observe(("team-a", "other"), status("Training", excludedNodes=excluded), NOW)
+    metrics.observe(("team-b", "done"), status("Completed", "Completed"), NOW)
+    assert value(registry, "trainguard_runs", namespace="team-a", phase="Running") == 2
+    assert value(registry, "trainguard_runs", namespace="team-b", phase="Completed") == 1
+    age = value(
+        registry, "trainguard_checkpoint_age_seconds", namespace="team-a", run="llm", layer="l1"
+    )
+    assert 600 <= age < 660
+    assert (
+        registry.get_sample_value(
+            "trainguard_checkpoint_age_seconds",
+            {"namespace": "team-a", "run": "llm", "layer": "s3"},
+        )
+        is None
+    )
+    # The same node excluded by two runs is one node.
+    assert value(registry, "trainguard_nodes_excluded", reason="GhostMemory") == 1
+    metrics.forget(("team-b", "done"))
+    assert value(registry, "trainguard_runs", namespace="team-b", phase="Completed") == 0
+
+
+def test_endpoint_serves_the_metrics_when_a_port_is_set() -> None:
+    assert serve({}) is None
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert serve({ENV_METRICS_PORT: str(port)}) == port
+    url = f"http://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=SCRAPE_TIMEOUT_SECONDS) as response:
+        text = response.read().decode()
+    assert "# TYPE trainguard_runs gauge" in text
+    assert "# TYPE trainguard_detection_latency_seconds histogram" in text
+    assert "python_info" in text  # the platform collector rides along
