@@ -37,6 +37,9 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
     monkeypatch.setenv(env.KEEP_LAST, "2")
     for name in (preflight.INJECT_ENV, env.MONITOR, env.HASH):
         monkeypatch.delenv(name, raising=False)
+    paths["termination"] = tmp_path / "termination-log"  # created by the kubelet in a pod
+    paths["termination"].touch()
+    monkeypatch.setattr(steps, "TERMINATION_LOG", paths["termination"])
     return paths
 
 
@@ -72,6 +75,8 @@ def test_a_healthy_node_passes_with_figures(node: dict[str, Path]) -> None:
     assert space["figures"]["free_bytes"] > space["figures"]["need_bytes"]
     gpu = checks(result, preflight.GPU)["gpu"]
     assert gpu["status"] == preflight.PASS and gpu["figures"]["source"] == "simulated"
+    short = json.loads(node["termination"].read_text())
+    assert short == {key: result[key] for key in preflight.TERMINATION_KEYS}
 
 
 @pytest.mark.parametrize(
@@ -120,6 +125,8 @@ def test_a_disk_that_corrupts_written_data_fails(
     assert integrity["status"] == preflight.FAIL
     assert integrity["figures"]["written_hash"] != integrity["figures"]["read_hash"]
     assert "the disk corrupts data" in result["message"]
+    short = json.loads(node["termination"].read_text())
+    assert (short["ok"], short["failure"], short["exit_code"]) == (False, "StorageCorrupt", 10)
 
 
 @pytest.mark.parametrize(

@@ -125,6 +125,15 @@ class _Flipping:
         self.inner.close()
 
 
+@pytest.fixture(autouse=True)
+def termination_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The container's termination message file (the kubelet creates it in a pod)."""
+    path = tmp_path / "termination-log"
+    path.touch()
+    monkeypatch.setattr(steps, "TERMINATION_LOG", path)
+    return path
+
+
 @pytest.fixture
 def shards(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
     source = tmp_path / "source"
@@ -134,7 +143,10 @@ def shards(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
 
 @pytest.mark.parametrize("with_manifest", [True, False], ids=["source-manifest", "built"])
 def test_stages_200_shards_verified_then_skips_the_verified_copy(
-    tmp_path: Path, shards: tuple[Path, dict[str, bytes]], with_manifest: bool
+    tmp_path: Path,
+    shards: tuple[Path, dict[str, bytes]],
+    with_manifest: bool,
+    termination_log: Path,
 ) -> None:
     source, contents = shards
     if with_manifest:
@@ -161,6 +173,8 @@ def test_stages_200_shards_verified_then_skips_the_verified_copy(
     assert again.skipped and again.copied == 0 and again.bytes_transferred == 0
     assert report(tmp_path)["phase"] == staging.SKIPPED
     assert report(tmp_path)["already_verified"] == SHARDS
+    # The final report is also the container's termination message, for the operator.
+    assert json.loads(termination_log.read_text())["phase"] == staging.SKIPPED
 
 
 @pytest.mark.parametrize("with_manifest", [True, False], ids=["source-manifest", "built"])

@@ -34,7 +34,8 @@ The data directory holds the staged files at their paths and, hidden from datalo
 ``.trainguard-staging/`` with ``state.json`` (the bookkeeping) and ``partial/`` (copies in
 progress). Progress (phase, files, bytes, rate, ETA) goes to the log every
 ``--progress-interval`` and to ``$TRAINGUARD_STATE_DIR/staging.json`` (see `Progress.snapshot`)
-for the agent to carry into the run's status. Exit codes: `ExitCode`.
+for the agent to carry into the run's status; the final report is also the container's
+termination message (see `trainguard.agent.steps`). Exit codes: `ExitCode`.
 
 Fault injection, for tests only and off by default: ``TRAINGUARD_STAGING_INJECT=slow-files:S``
 pauses S seconds after each file's bytes are written, before it is verified (a slow source),
@@ -92,6 +93,7 @@ DEFAULT_PROGRESS_INTERVAL_S = 10.0
 # files it misses are adopted by their hash, not copied again.
 STATE_SAVE_INTERVAL_S = 1.0
 FILE_MODE = 0o644
+ERROR_LIMIT = 2000  # characters of an error kept in staging.json
 
 # Phases, as staging.json names them.
 LISTING = "Listing"
@@ -352,12 +354,16 @@ class Progress:
         with self._lock:
             self._phase, self._exit_code = phase, int(ExitCode.OK)
         self.report(force=True)
+        steps.write_termination_message(self.snapshot())
 
     def fail(self, message: str, code: ExitCode) -> int:
         """Record and report a failure; return its exit code."""
         with self._lock:
-            self._phase, self._error, self._exit_code = FAILED, message, int(code)
-        steps.write_json(self._report_path, self.snapshot())
+            # Bounded: the report also becomes the termination message (at most 4 KiB).
+            self._phase, self._error, self._exit_code = FAILED, message[:ERROR_LIMIT], int(code)
+        snap = self.snapshot()
+        steps.write_json(self._report_path, snap)
+        steps.write_termination_message(snap)
         steps.log(STEP, f"FAILED: {message}")
         return int(code)
 

@@ -5,6 +5,11 @@ leaves its outcome in it; `trainguard preflight` writes `preflight.json` (every 
 figures). Both live in ``TRAINGUARD_STATE_DIR``; the agent, a native sidecar that runs beside
 the init steps, reads them and carries them into the run's status. Every file written here is
 replaced atomically (temporary name, fsync, rename), so a reader never sees half of one.
+
+The final outcome of each step also goes to the container's termination message
+(`write_termination_message`): the kubelet copies it into the pod's status
+(``initContainerStatuses[].state.terminated.message``), where the operator reads it even when
+the failed step has failed the pod and the agent had no time to report.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from trainguard.ckpt.layout import fsync_path
 STAGING_FILENAME = "staging.json"
 PREFLIGHT_FILENAME = "preflight.json"
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+# Kubernetes' default terminationMessagePath; the kubelet creates the file in every container
+# and keeps at most 4 KiB of it.
+TERMINATION_LOG = Path("/dev/termination-log")
+TERMINATION_LIMIT = 4096
 
 
 def state_dir(environ: Mapping[str, str]) -> Path:
@@ -47,6 +56,20 @@ def write_atomic(path: Path, data: bytes) -> None:
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Atomically replace `path` with `data` as indented JSON."""
     write_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+
+
+def write_termination_message(data: Mapping[str, Any], path: Path | None = None) -> None:
+    """Leave `data` (compact JSON, kept under 4 KiB by the caller) as the termination message.
+
+    Only where the file exists: the kubelet creates it; outside a container (tests, the
+    process-backed dev nodes) nothing is written.
+    """
+    target = path or TERMINATION_LOG
+    text = json.dumps(data, separators=(",", ":"), sort_keys=True)
+    if len(text.encode()) > TERMINATION_LIMIT:
+        raise ValueError(f"termination message of {len(text)} bytes exceeds {TERMINATION_LIMIT}")
+    if target.exists():
+        target.write_text(text)
 
 
 def drop_page_cache(fd: int) -> bool:
