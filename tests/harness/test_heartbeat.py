@@ -60,7 +60,7 @@ def test_at_most_one_write_per_second_and_the_latest_values_arrive(tmp_path: Pat
         beat.update(step=step)
         time.sleep(0.01)  # about 2 s of steps
     beat.update(phase=hb.PHASE_SAVING)  # entering a long save: must reach the file
-    seen = watch_writes(path, 1.3)
+    seen = watch_writes(path, 2.5)
     writes = [record[hb.STEP] for record in seen]
     elapsed = time.monotonic() - started
     # One write at the start plus at most one per second since.

@@ -9,6 +9,7 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from harness_helpers import fill_until_free
 
 from trainguard.ckpt import Contents, copy_checkpoint, scan
 from trainguard_harness import heartbeat as hb
+from trainguard_harness import session as session_module
 from trainguard_harness.session import MissingComponentError, TrainingSession
 from trainguard_harness.settings import HarnessSettings, OnSaveError
 from trainguard_harness.writer import CheckpointSaveError, CheckpointWriter
@@ -112,7 +114,7 @@ def test_cadence_by_steps_and_by_seconds(tmp_path: Path, monkeypatch: pytest.Mon
     session.close()
 
     clock = [1000.0]
-    monkeypatch.setattr("trainguard_harness.session.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr(session_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     timed, model, counter = make_session(tmp_path / "t", every_steps=0, every_seconds=60)
     timed.resume()
     for step, elapsed in enumerate([10, 30, 61, 62, 130], start=1):

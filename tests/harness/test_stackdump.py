@@ -18,14 +18,18 @@ HUNG_TRAINER = """
 import sys, threading, time
 from trainguard_harness.stackdump import install_stack_dumps
 install_stack_dumps(sys.argv[1])
+inside = threading.Event()
 
 def stuck_in_a_read():
+    inside.set()
     time.sleep(60)
 
-threading.Thread(target=stuck_in_a_read, daemon=True).start()
-print("ready", flush=True)
 def main_loop_waiting():
-    time.sleep(2)
+    inside.wait()
+    print("ready", flush=True)  # both threads are now where the dump must find them
+    time.sleep(3)
+
+threading.Thread(target=stuck_in_a_read, daemon=True).start()
 main_loop_waiting()
 print("still alive", flush=True)
 """

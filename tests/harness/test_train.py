@@ -21,7 +21,7 @@ from trainguard_harness.heartbeat import PID, read_heartbeat
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
-STEPS = 80
+STEPS = 150
 
 
 def losses(path: Path) -> list[tuple[int, float]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -159,14 +160,20 @@ def test_a_full_disk_fails_loudly_and_keeps_the_previous(
 def test_errors_surface_at_check_without_waiting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    fail = threading.Event()
+
     def broken(*args: object, **kwargs: object) -> object:
+        fail.wait(10)
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(writer_module, "CheckpointTransaction", broken)
     writer = CheckpointWriter(tmp_path)
     writer.save(5, model_state(5))
+    assert writer.busy
+    writer.check()  # the persist is still running: nothing to report yet, and no waiting
+    fail.set()
     while writer.busy:
-        writer.check()  # must not raise while the persist is still running
+        time.sleep(0.01)
     with pytest.raises(CheckpointSaveError, match="Input/output error") as raised:
         writer.check()
     assert raised.value.errno == errno.EIO
