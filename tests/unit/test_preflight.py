@@ -194,12 +194,26 @@ def test_several_failures_are_all_reported_and_the_exit_code_is_the_first_class(
     assert len(result["message"]) <= preflight.MESSAGE_LIMIT
 
 
-def test_an_unknown_fault_name_is_a_usage_error(
-    node: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("variable", "value", "error"),
+    [
+        (preflight.INJECT_ENV, "corrupt-everything", "known faults: corrupt-readback"),
+        (env.STATE_DIR, "/proc/version/state", "mount the state volume into this step"),
+    ],
+    ids=["unknown-fault", "state-volume-missing"],
+)
+def test_misconfiguration_is_a_usage_error_that_says_what_is_wrong(
+    node: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    variable: str,
+    value: str,
+    error: str,
 ) -> None:
-    monkeypatch.setenv(preflight.INJECT_ENV, "corrupt-everything")
+    monkeypatch.setenv(variable, value)
 
     with pytest.raises(SystemExit) as exit_info:
         preflight.main(QUICK)
 
     assert exit_info.value.code == preflight.ExitCode.USAGE
+    assert error in capsys.readouterr().err

@@ -627,6 +627,7 @@ def main(argv: list[str]) -> int:
     environ = dict(os.environ)
     try:
         settings = settings_from(args, environ)
+        state = steps.state_dir(environ)
     except (ValueError, UnknownHashAlgorithmError) as err:
         parser.error(str(err))
     started = time.time()
@@ -635,8 +636,6 @@ def main(argv: list[str]) -> int:
         steps.log(STEP, f"{check.check} {check.target}: {check.status.upper()}: {check.message}")
     injection = INJECT_CORRUPT_READBACK if settings.inject_corrupt_readback else None
     result = report(checks, started, environ, injection)
-    state = steps.state_dir(environ)
-    state.mkdir(parents=True, exist_ok=True)
     steps.write_json(state / steps.PREFLIGHT_FILENAME, result)
     steps.write_termination_message({key: result[key] for key in TERMINATION_KEYS})
     verdict = "passed" if result["ok"] else f"FAILED ({result['failure']})"

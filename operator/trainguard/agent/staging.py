@@ -817,11 +817,10 @@ def main(argv: list[str]) -> int:
             pause_per_file_s=_parse_injection(environ.get(INJECT_ENV)),
         )
         new_hasher(options.hash_algorithm)
+        state = steps.state_dir(environ)
     except (ValueError, UnknownHashAlgorithmError) as err:
         parser.error(str(err))
     dest = args.dest or Path(environ.get(env.DATA_DIR, env.DEFAULT_DATA_DIR))
-    state = steps.state_dir(environ)
-    state.mkdir(parents=True, exist_ok=True)
     progress = Progress(
         source_value, dest, state / steps.STAGING_FILENAME, options.progress_interval_s
     )

@@ -34,8 +34,19 @@ TERMINATION_LIMIT = 4096
 
 
 def state_dir(environ: Mapping[str, str]) -> Path:
-    """The shared state directory from the env contract."""
-    return Path(environ.get(env.STATE_DIR, env.DEFAULT_STATE_DIR))
+    """The shared state directory from the env contract, created if needed.
+
+    ValueError, naming the directory, when it cannot be written: the state volume is not
+    mounted into this step.
+    """
+    path = Path(environ.get(env.STATE_DIR, env.DEFAULT_STATE_DIR))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"cannot write reports to {path} ({err}): mount the state volume into this step"
+        ) from err
+    return path
 
 
 def write_atomic(path: Path, data: bytes) -> None:
