@@ -215,6 +215,10 @@ def test_a_shard_that_never_verifies_fails_naming_it(
 
     assert corrupt.count == 3
     assert not (dest / victim).exists()
+    # What verified before the failure is in the bookkeeping: a retry will not copy it again.
+    state = json.loads((dest / CONTROL / staging.STATE_FILENAME).read_text())
+    assert victim not in state["verified"] and len(state["verified"]) >= SHARDS // 2
+    assert not state["complete"]
 
 
 def test_a_copy_in_place_without_bookkeeping_is_adopted_and_a_changed_file_recopied(

@@ -597,7 +597,11 @@ class Stager:
             if done:
                 steps.log(STEP, f"{len(done)} files already verified here: not copied again")
             self._remove_stale_partials(todo)
-            _run_parallel(todo, self._ensure, self.options.jobs, self._tick, self.cancel)
+            try:
+                _run_parallel(todo, self._ensure, self.options.jobs, self._tick, self.cancel)
+            except BaseException:
+                self._save_state(force=True)  # what verified so far is never copied again
+                raise
         self.state.complete = True
         self._save_state(force=True)
         extra = self._extra_files()
