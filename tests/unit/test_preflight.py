@@ -158,6 +158,16 @@ def test_gpu_bound_follows_the_runs_monitor_and_the_flag(
     assert run(node, "--gpu-max-used-mib", "1000")[0] == preflight.ExitCode.GPU
 
 
+@pytest.mark.parametrize(
+    ("checkpoint", "test_bytes"),
+    [(None, 256 * MIB), (1 * MIB, 64 * MIB), (100 * MIB, 100 * MIB), (35 * 2**30, 256 * MIB)],
+)
+def test_the_test_file_is_one_checkpoint_within_bounds(
+    checkpoint: int | None, test_bytes: int
+) -> None:
+    assert preflight.default_test_bytes(checkpoint) == test_bytes
+
+
 def test_without_a_gpu_reading_the_check_is_skipped_with_the_reason() -> None:
     check = preflight.check_gpu(UnavailableProbe("NVML not usable: no driver"), 2048)
 

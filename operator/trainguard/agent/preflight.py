@@ -20,11 +20,12 @@ them all. Targets: L1 (``TRAINGUARD_L1_DIR``) always, the data directory
 (``TRAINGUARD_DATA_DIR``) when it is mounted into this step (it is the staging target).
 
 Integrity and bandwidth: a test file of ``--test-size`` random bytes (default: one checkpoint,
-``TRAINGUARD_CKPT_BYTES``, capped at 256 MiB, which leaves a disk's write cache yet takes
-seconds) is written, fsynced and closed (errors of each count: close is where the incident's
-error hid), dropped from the page cache (``POSIX_FADV_DONTNEED``; no effect on tmpfs), read
-back and hashed. Write bandwidth includes fsync and close. The file is removed afterwards. It
-is skipped when the filesystem has no room for it (the space check then fails).
+``TRAINGUARD_CKPT_BYTES``, within 64-256 MiB: below, fsync latency dominates and the
+bandwidth means little; above, a disk's write cache is long left behind and the test would
+only take longer) is written, fsynced and closed (errors of each count: close is where the
+incident's error hid), dropped from the page cache (``POSIX_FADV_DONTNEED``; no effect on
+tmpfs), read back and hashed. Write bandwidth includes fsync and close. The file is removed
+afterwards. It is skipped when the filesystem has no room for it (the space check then fails).
 
 Space, per filesystem (L1 and data share one when both are emptyDirs): the sum over its
 targets of expected bytes minus what the target already holds (a local volume may keep a
@@ -75,7 +76,8 @@ from trainguard.ckpt.hashing import CHUNK_BYTES, UnknownHashAlgorithmError
 
 STEP = "preflight"
 MIB = 2**20
-MAX_TEST_BYTES = 256 * MIB
+MIN_DEFAULT_TEST_BYTES = 64 * MIB
+MAX_DEFAULT_TEST_BYTES = 256 * MIB
 DEFAULT_MARGIN = "1Gi"
 # Floors far below any local SSD and above a struggling network volume (the incident's
 # remote layer ran at 132 MB/s, its local disk an order of magnitude faster).
@@ -516,6 +518,12 @@ def report(
     }
 
 
+def default_test_bytes(checkpoint_bytes: int | None) -> int:
+    """One checkpoint, within the bounds of the module docstring (the most when unknown)."""
+    wanted = MAX_DEFAULT_TEST_BYTES if checkpoint_bytes is None else checkpoint_bytes
+    return min(max(wanted, MIN_DEFAULT_TEST_BYTES), MAX_DEFAULT_TEST_BYTES)
+
+
 def _optional_bytes(value: str | None) -> int | None:
     return None if not value else quantity_bytes(value)
 
@@ -538,7 +546,8 @@ def _parser() -> argparse.ArgumentParser:
         type=quantity_bytes,
         metavar="QUANTITY",
         help="test file size, e.g. 64Mi (default: one checkpoint "
-        f"(${env.CKPT_BYTES}), at most {MAX_TEST_BYTES // MIB}Mi)",
+        f"(${env.CKPT_BYTES}) within {MIN_DEFAULT_TEST_BYTES // MIB}Mi-"
+        f"{MAX_DEFAULT_TEST_BYTES // MIB}Mi)",
     )
     parser.add_argument(
         "--checkpoint-size",
@@ -605,7 +614,7 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     new_hasher(algorithm)
     return Settings(
         paths=paths,
-        test_bytes=max(1, args.test_size or min(checkpoint or MAX_TEST_BYTES, MAX_TEST_BYTES)),
+        test_bytes=max(1, args.test_size or default_test_bytes(checkpoint)),
         checkpoint_bytes=checkpoint,
         data_bytes=args.data_size or _optional_bytes(environ.get(env.DATA_BYTES)),
         keep_last=args.keep
