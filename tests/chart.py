@@ -1,22 +1,29 @@
-"""The trainguard Helm chart for the tests: helm itself, rendering, and the rendered objects.
+"""The trainguard Helm chart for the tests: helm, rendering, installed releases, their identity.
 
 helm is the pinned binary that hack/build-control-plane.sh builds with the control plane.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
+import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from trainguard.devcluster.cluster import default_home, ensure_binaries
+from trainguard.devcluster.cluster import Cluster, default_home, ensure_binaries
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "trainguard"
 HELM_TIMEOUT_SECONDS = 120
+# Keeps the chart's own operator pod unscheduled: tests judge the identity the chart creates
+# and run the operator themselves, so nothing else must run it.
+NOWHERE = {"nodeSelector": {"trainguard.dev/test": "no-such-node"}}
+TOKEN_DURATION = "30m"
 
 Obj = dict[str, Any]
 
@@ -73,3 +80,87 @@ def only(objects: Iterable[Obj], kind: str, name: str | None = None) -> Obj:
     found = find(objects, kind, name)
     assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
     return found[0]
+
+
+@dataclass(frozen=True)
+class Release:
+    """An installed release of the chart."""
+
+    name: str
+    namespace: str
+
+    @property
+    def account(self) -> str:
+        """The operator's ServiceAccount (the chart's full name)."""
+        return f"{self.name}-trainguard"
+
+    @property
+    def user(self) -> str:
+        """The ServiceAccount as the apiserver names the user."""
+        return f"system:serviceaccount:{self.namespace}:{self.account}"
+
+
+def install(cluster: Cluster, values: Obj | None = None) -> Release:
+    """A fresh namespace and the chart installed into it (its operator pod never scheduled)."""
+    release = Release(f"tg-{uuid.uuid4().hex[:6]}", f"tg-{uuid.uuid4().hex[:6]}")
+    cluster.kubectl("create", "namespace", release.namespace)
+    helm(
+        "install",
+        release.name,
+        str(CHART),
+        "--namespace",
+        release.namespace,
+        values={**NOWHERE, **(values or {})},
+        kubeconfig=cluster.kubeconfig,
+    )
+    return release
+
+
+def upgrade(cluster: Cluster, release: Release, values: Obj) -> None:
+    """`helm upgrade` the release with these values (still never scheduled)."""
+    helm(
+        "upgrade",
+        release.name,
+        str(CHART),
+        "--namespace",
+        release.namespace,
+        values={**NOWHERE, **values},
+        kubeconfig=cluster.kubeconfig,
+    )
+
+
+def uninstall(cluster: Cluster, release: Release) -> None:
+    """Remove the release (idempotent) and its namespace."""
+    helm(
+        "uninstall",
+        release.name,
+        "--namespace",
+        release.namespace,
+        "--ignore-not-found",
+        kubeconfig=cluster.kubeconfig,
+    )
+    cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
+
+
+def token_kubeconfig(cluster: Cluster, release: Release, path: Path) -> Path:
+    """Write a kubeconfig that authenticates with the release's ServiceAccount token only."""
+    token = cluster.kubectl(
+        "create",
+        "token",
+        release.account,
+        "-n",
+        release.namespace,
+        f"--duration={TOKEN_DURATION}",
+    ).stdout.strip()
+    admin = json.loads(Path(cluster.kubeconfig).read_text())
+    server = admin["clusters"][0]["name"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": release.account, "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": server, "user": release.account}}],
+        "current-context": "operator",
+    }
+    path.write_text(json.dumps(config))
+    return path

@@ -13,69 +13,20 @@ import json
 import subprocess
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from chart import CHART, Obj, helm
+from chart import Obj, Release, helm, install, token_kubeconfig, uninstall
 from trainguard.api.constants import API_VERSION, CRD_NAME, KIND
 from trainguard.devcluster.cluster import Cluster
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.timeout(300)]
 
-# Keeps the chart's operator pod unscheduled: nothing runs it here.
-NOWHERE: Obj = {"nodeSelector": {"trainguard.dev/test": "no-such-node"}}
-TOKEN_DURATION = "10m"
 # Stands in for a namespace the operator has no business in; every cluster has it.
 OTHER = "kube-system"
-
-
-@dataclass(frozen=True)
-class Release:
-    """An installed release of the chart."""
-
-    name: str
-    namespace: str
-
-    @property
-    def account(self) -> str:
-        return f"{self.name}-trainguard"
-
-    @property
-    def user(self) -> str:
-        return f"system:serviceaccount:{self.namespace}:{self.account}"
-
-
-def install(cluster: Cluster, values: Obj | None = None) -> Release:
-    """A fresh namespace and the chart installed into it."""
-    release = Release(f"rbac-{uuid.uuid4().hex[:6]}", f"tg-{uuid.uuid4().hex[:6]}")
-    cluster.kubectl("create", "namespace", release.namespace)
-    helm(
-        "install",
-        release.name,
-        str(CHART),
-        "--namespace",
-        release.namespace,
-        values={**NOWHERE, **(values or {})},
-        kubeconfig=cluster.kubeconfig,
-    )
-    return release
-
-
-def uninstall(cluster: Cluster, release: Release) -> None:
-    """Remove the release (idempotent) and its namespace."""
-    helm(
-        "uninstall",
-        release.name,
-        "--namespace",
-        release.namespace,
-        "--ignore-not-found",
-        kubeconfig=cluster.kubeconfig,
-    )
-    cluster.kubectl("delete", "namespace", release.namespace, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -86,33 +37,9 @@ def release(cluster: Cluster) -> Iterator[Release]:
 
 
 @pytest.fixture(scope="module")
-def token_kubeconfig(cluster: Cluster, release: Release, tmp_path_factory: Any) -> Path:
-    """A kubeconfig that authenticates with the chart's ServiceAccount token, nothing else."""
-    token = cluster.kubectl(
-        "create",
-        "token",
-        release.account,
-        "-n",
-        release.namespace,
-        f"--duration={TOKEN_DURATION}",
-    ).stdout.strip()
-    admin = json.loads(Path(cluster.kubeconfig).read_text())
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": admin["clusters"],
-        "users": [{"name": "operator", "user": {"token": token}}],
-        "contexts": [
-            {
-                "name": "operator",
-                "context": {"cluster": admin["clusters"][0]["name"], "user": "operator"},
-            }
-        ],
-        "current-context": "operator",
-    }
-    path: Path = tmp_path_factory.mktemp("token") / "kubeconfig"
-    path.write_text(json.dumps(config))
-    return path
+def operator_kubeconfig(cluster: Cluster, release: Release, tmp_path_factory: Any) -> Path:
+    """A kubeconfig with the chart's ServiceAccount token, nothing else."""
+    return token_kubeconfig(cluster, release, tmp_path_factory.mktemp("token") / "kubeconfig")
 
 
 def can_i(cluster: Cluster, release: Release, *args: str) -> bool:
@@ -208,21 +135,21 @@ def agent_role(namespace: str, rules: list[dict[str, Any]]) -> Obj:
 
 
 def test_token_is_refused_secrets_nodes_and_workloads(
-    cluster: Cluster, release: Release, token_kubeconfig: Path
+    cluster: Cluster, release: Release, operator_kubeconfig: Path
 ) -> None:
     node = cluster.kubectl("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}").stdout
     dry = "--dry-run=server"
-    assert forbidden(as_operator(cluster, token_kubeconfig, "get", "secrets", "-n", OTHER))
-    assert forbidden(as_operator(cluster, token_kubeconfig, "delete", "node", node, dry))
+    assert forbidden(as_operator(cluster, operator_kubeconfig, "get", "secrets", "-n", OTHER))
+    assert forbidden(as_operator(cluster, operator_kubeconfig, "delete", "node", node, dry))
     deploy = ["create", "deployment", "x", "--image=busybox", "-n", release.namespace, dry]
-    assert forbidden(as_operator(cluster, token_kubeconfig, *deploy))
+    assert forbidden(as_operator(cluster, operator_kubeconfig, *deploy))
     # ... while what it needs works with the same token.
-    listed = as_operator(cluster, token_kubeconfig, "get", "trainingruns", "-A")
+    listed = as_operator(cluster, operator_kubeconfig, "get", "trainingruns", "-A")
     assert listed.returncode == 0, listed.stderr
 
 
 def test_token_can_grant_the_agent_its_role_but_nothing_more(
-    cluster: Cluster, release: Release, token_kubeconfig: Path
+    cluster: Cluster, release: Release, operator_kubeconfig: Path
 ) -> None:
     lease = {
         "apiGroups": ["coordination.k8s.io"],
@@ -233,13 +160,13 @@ def test_token_can_grant_the_agent_its_role_but_nothing_more(
     events = {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create"]}
     create = ["create", "--dry-run=server", "-f", "-"]
     granted = as_operator(
-        cluster, token_kubeconfig, *create, body=agent_role(release.namespace, [lease, events])
+        cluster, operator_kubeconfig, *create, body=agent_role(release.namespace, [lease, events])
     )
     assert granted.returncode == 0, granted.stderr
     # RBAC's escalation check: a Role granting what the operator lacks is refused.
     secrets = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
     escalated = as_operator(
-        cluster, token_kubeconfig, *create, body=agent_role(release.namespace, [secrets])
+        cluster, operator_kubeconfig, *create, body=agent_role(release.namespace, [secrets])
     )
     assert forbidden(escalated)
     assert "permissions not currently held" in escalated.stderr
