@@ -39,7 +39,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
         monkeypatch.delenv(name, raising=False)
     paths["termination"] = tmp_path / "termination-log"  # created by the kubelet in a pod
     paths["termination"].touch()
-    monkeypatch.setattr(steps, "TERMINATION_LOG", paths["termination"])
+    monkeypatch.setenv(steps.TERMINATION_LOG_ENV, str(paths["termination"]))
     return paths
 
 

@@ -130,7 +130,7 @@ def termination_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The container's termination message file (the kubelet creates it in a pod)."""
     path = tmp_path / "termination-log"
     path.touch()
-    monkeypatch.setattr(steps, "TERMINATION_LOG", path)
+    monkeypatch.setenv(steps.TERMINATION_LOG_ENV, str(path))
     return path
 
 
@@ -307,7 +307,7 @@ def test_killed_half_way_resumes_without_copying_verified_files_again(
 
 
 def test_a_source_read_that_never_returns_fails_within_the_timeout(
-    tmp_path: Path, shards: tuple[Path, dict[str, bytes]]
+    tmp_path: Path, shards: tuple[Path, dict[str, bytes]], termination_log: Path
 ) -> None:
     source, contents = shards
     hung = "train/shard-00005.bin"
@@ -329,6 +329,7 @@ def test_a_source_read_that_never_returns_fails_within_the_timeout(
     assert failed["phase"] == staging.FAILED
     assert failed["exit_code"] == staging.ExitCode.SOURCE_HUNG
     assert hung in str(failed["error"])
+    assert json.loads(termination_log.read_text()) == failed  # reported before os._exit
 
 
 @pytest.fixture

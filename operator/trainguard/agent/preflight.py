@@ -647,7 +647,7 @@ def main(argv: list[str]) -> int:
     injection = INJECT_CORRUPT_READBACK if settings.inject_corrupt_readback else None
     result = report(checks, started, environ, injection)
     steps.write_json(state / steps.PREFLIGHT_FILENAME, result)
-    steps.write_termination_message({key: result[key] for key in TERMINATION_KEYS})
+    steps.write_termination_message({key: result[key] for key in TERMINATION_KEYS}, environ)
     verdict = "passed" if result["ok"] else f"FAILED ({result['failure']})"
     steps.log(STEP, f"{verdict} in {result['seconds']:.1f} s, exit code {result['exit_code']}")
     code: int = result["exit_code"]

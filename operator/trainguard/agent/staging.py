@@ -233,8 +233,16 @@ class StageResult:
 class Progress:
     """Counters shared by the copy workers; the main thread reports them (log, staging.json)."""
 
-    def __init__(self, source: str, dest: Path, report_path: Path, interval_s: float) -> None:
+    def __init__(
+        self,
+        source: str,
+        dest: Path,
+        report_path: Path,
+        interval_s: float,
+        environ: Mapping[str, str] = os.environ,
+    ) -> None:
         self._lock = threading.Lock()
+        self._environ = environ  # where the termination message goes
         self._source = source
         self._dest = dest
         self._report_path = report_path
@@ -354,7 +362,7 @@ class Progress:
         with self._lock:
             self._phase, self._exit_code = phase, int(ExitCode.OK)
         self.report(force=True)
-        steps.write_termination_message(self.snapshot())
+        steps.write_termination_message(self.snapshot(), self._environ)
 
     def fail(self, message: str, code: ExitCode) -> int:
         """Record and report a failure; return its exit code."""
@@ -363,7 +371,7 @@ class Progress:
             self._phase, self._error, self._exit_code = FAILED, message[:ERROR_LIMIT], int(code)
         snap = self.snapshot()
         steps.write_json(self._report_path, snap)
-        steps.write_termination_message(snap)
+        steps.write_termination_message(snap, self._environ)
         steps.log(STEP, f"FAILED: {message}")
         return int(code)
 
@@ -826,7 +834,7 @@ def main(argv: list[str]) -> int:
         parser.error(str(err))
     dest = args.dest or Path(environ.get(env.DATA_DIR, env.DEFAULT_DATA_DIR))
     progress = Progress(
-        source_value, dest, state / steps.STAGING_FILENAME, options.progress_interval_s
+        source_value, dest, state / steps.STAGING_FILENAME, options.progress_interval_s, environ
     )
     if options.pause_per_file_s:
         steps.log(STEP, f"FAULT INJECTION: {INJECT_ENV}: pausing after every file")

@@ -29,8 +29,11 @@ PREFLIGHT_FILENAME = "preflight.json"
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 # Kubernetes' default terminationMessagePath; the kubelet creates the file in every container
 # and keeps at most 4 KiB of it.
-TERMINATION_LOG = Path("/dev/termination-log")
+TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LIMIT = 4096
+# Another file for the termination message, for runtimes without a per-container
+# /dev/termination-log (the process-backed dev nodes, tests); never set in a real pod.
+TERMINATION_LOG_ENV = "TRAINGUARD_TERMINATION_LOG"
 
 
 def state_dir(environ: Mapping[str, str]) -> Path:
@@ -69,13 +72,13 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     write_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
 
-def write_termination_message(data: Mapping[str, Any], path: Path | None = None) -> None:
+def write_termination_message(data: Mapping[str, Any], environ: Mapping[str, str]) -> None:
     """Leave `data` (compact JSON, kept under 4 KiB by the caller) as the termination message.
 
-    Only where the file exists: the kubelet creates it; outside a container (tests, the
-    process-backed dev nodes) nothing is written.
+    Only where the file exists: the kubelet creates it (the runtime named by
+    TERMINATION_LOG_ENV does too); outside a container nothing is written.
     """
-    target = path or TERMINATION_LOG
+    target = Path(environ.get(TERMINATION_LOG_ENV) or TERMINATION_LOG)
     text = json.dumps(data, separators=(",", ":"), sort_keys=True)
     if len(text.encode()) > TERMINATION_LIMIT:
         raise ValueError(f"termination message of {len(text)} bytes exceeds {TERMINATION_LIMIT}")
