@@ -1,6 +1,7 @@
 """Checkpoint benchmark: what a save costs the training loop, against the usual alternatives.
 
-Measures, side by side in one run, on the same CPU state (about --size-gb) and the same disk:
+Measures, side by side in one run, on the same CPU state (about --size-gb) and the same disk
+(each repetition runs every method in turn, so a change in machine load hits them all):
 
 - `torch.save` to a file followed by fsync (a durable save, blocking the loop throughout);
 - the blocking part of `torch.distributed.checkpoint.async_save` (until it returns);
@@ -10,7 +11,8 @@ Measures, side by side in one run, on the same CPU state (about --size-gb) and t
   buffer allocation included) and warm (median of later saves), the background persist
   throughput (write + hash + fsync + manifest + rename) and read-back verification;
 - xxh3-128 (the default), blake3 and sha256 hash throughput on host memory;
-- training throughput with a checkpoint every K steps against none, in alternating segments.
+- training throughput with a checkpoint every K steps against none, in segments run in ABBA
+  order (a persist still running at the end of a segment is counted).
   The training step is CPU matrix work on `--train-threads` threads (default 1): it stands in
   for an accelerator, and leaves the host's other cores to the background persist as a GPU
   node would.
@@ -35,6 +37,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,78 +94,92 @@ def timed(action: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def bench_torch_save(state: dict[str, Any], directory: Path, repeats: int) -> list[float]:
+def torch_save_once(state: dict[str, Any], directory: Path) -> float:
     """torch.save into a file, then fsync: the loop is blocked for all of it."""
     path = directory / "torch-save.pt"
-    times = []
-    for index in range(repeats):
 
-        def save() -> None:
-            with path.open("wb") as handle:
-                torch.save(state, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
+    def save() -> None:
+        with path.open("wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
 
-        times.append(timed(save))
-        path.unlink()
-        progress(f"torch.save+fsync {index + 1}/{repeats}: {times[-1]:.3f}s")
-    return times
+    seconds = timed(save)
+    path.unlink()
+    return seconds
 
 
-def bench_dcp_async(
-    state: dict[str, Any], directory: Path, repeats: int
-) -> tuple[list[float], list[float]]:
+def dcp_async_once(state: dict[str, Any], target: Path) -> tuple[float, float]:
     """DCP async_save: (time until it returns, time until the checkpoint is complete)."""
-    blocking, total = [], []
-    for index in range(repeats):
-        target = directory / f"dcp-{index}"
-        started = time.perf_counter()
-        response = async_save(state, checkpoint_id=str(target))
-        blocking.append(time.perf_counter() - started)
-        if isinstance(response, AsyncSaveResponse):
-            response.upload_completion.result()
-        else:
-            response.result()
-        total.append(time.perf_counter() - started)
-        shutil.rmtree(target)
-        progress(f"dcp.async_save {index + 1}/{repeats}: returned after {blocking[-1]:.3f}s")
-    return blocking, total
+    started = time.perf_counter()
+    response = async_save(state, checkpoint_id=str(target))
+    returned = time.perf_counter() - started
+    if isinstance(response, AsyncSaveResponse):
+        response.upload_completion.result()
+    else:
+        response.result()
+    total = time.perf_counter() - started
+    shutil.rmtree(target)
+    return returned, total
 
 
-def bench_memcpy(state: dict[str, Any], repeats: int) -> tuple[list[float], float]:
-    """(warm copies into preallocated buffers, one clone into fresh memory)."""
-    sources = tensors_of(state)
-    targets = [torch.empty_like(t) for t in sources]
+class WarmCopy:
+    """Copies of the state into buffers allocated and faulted in once: the snapshot limit."""
 
-    def copy() -> None:
-        for target, source in zip(targets, sources, strict=True):
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.sources = tensors_of(state)
+        self.targets = [torch.empty_like(t) for t in self.sources]
+        self._copy()  # fault the pages in: "warm" means reused memory
+
+    def _copy(self) -> None:
+        for target, source in zip(self.targets, self.sources, strict=True):
             target.copy_(source)
 
-    copy()  # fault the target pages in: "warm" means reused memory
-    warm = [timed(copy) for _ in range(repeats)]
-    clone = timed(lambda: [t.clone() for t in sources])
-    progress(f"memcpy warm median {statistics.median(warm):.3f}s, clone {clone:.3f}s")
-    return warm, clone
+    def once(self) -> float:
+        """Seconds for one warm copy."""
+        return timed(self._copy)
 
 
-def bench_harness(
-    state: dict[str, Any], directory: Path, repeats: int
-) -> tuple[float, list[float], list[PersistStats]]:
-    """(cold stall, warm stalls, persist stats) of the harness writer, one save at a time."""
+@dataclass
+class SideBySide:
+    """Per-repetition times of every method, measured in turn within each repetition."""
+
+    torch_save: list[float] = field(default_factory=list)
+    dcp_blocking: list[float] = field(default_factory=list)
+    dcp_total: list[float] = field(default_factory=list)
+    memcpy_warm: list[float] = field(default_factory=list)
+    stalls: list[float] = field(default_factory=list)
+    persists: list[PersistStats] = field(default_factory=list)
+    stall_cold: float = 0.0
+    clone_fresh: float = 0.0
+
+
+def bench_side_by_side(state: dict[str, Any], directory: Path, repeats: int) -> SideBySide:
+    """Each repetition runs every method once, so a change in machine load hits them all."""
+    result = SideBySide()
+    result.clone_fresh = timed(lambda: [t.clone() for t in tensors_of(state)])
     writer = CheckpointWriter(directory / "l1", keep_last=1, on_event=lambda event: None)
-    stalls, persists = [], []
-    for index in range(repeats + 1):
-        stats = writer.save(index + 1, state)
-        stalls.append(stats.stall_seconds)
+    result.stall_cold = writer.save(0, state).stall_seconds  # allocates the host buffer
+    writer.wait()
+    warm = WarmCopy(state)
+    for index in range(repeats):
+        result.torch_save.append(torch_save_once(state, directory))
+        returned, total = dcp_async_once(state, directory / f"dcp-{index}")
+        result.dcp_blocking.append(returned)
+        result.dcp_total.append(total)
+        result.memcpy_warm.append(warm.once())
+        result.stalls.append(writer.save(index + 1, state).stall_seconds)
         persisted = writer.wait()
         assert persisted is not None
-        persists.append(persisted)
+        result.persists.append(persisted)
         progress(
-            f"harness save {index + 1}/{repeats + 1}: stall {stats.stall_seconds:.3f}s,"
-            f" persist {persisted.write_seconds:.3f}s + verify {persisted.verify_seconds:.3f}s"
+            f"repetition {index + 1}/{repeats}: torch.save+fsync {result.torch_save[-1]:.3f}s,"
+            f" dcp.async_save returned {returned:.3f}s, warm copy {result.memcpy_warm[-1]:.3f}s,"
+            f" harness stall {result.stalls[-1]:.3f}s (persist {persisted.write_seconds:.3f}s"
+            f" + verify {persisted.verify_seconds:.3f}s)"
         )
     writer.close()
-    return stalls[0], stalls[1:], persists
+    return result
 
 
 def hash_all(hasher: Any, buffers: list[memoryview]) -> None:
@@ -209,7 +226,7 @@ def bench_throughput(
     steps: int,
     repeats: int,
 ) -> tuple[list[float], list[float], list[float]]:
-    """Alternating segments of `steps` steps: (no-checkpoint times, checkpoint times, stalls)."""
+    """Segments of `steps` steps in ABBA order: (no-checkpoint times, checkpoint times, stalls)."""
     a = torch.randn(MATMUL_SIZE, MATMUL_SIZE)
     b = torch.randn(MATMUL_SIZE, MATMUL_SIZE)
 
@@ -221,15 +238,23 @@ def bench_throughput(
     writer.prepare(state)  # as TrainingSession does after the first step
     writer.wait()
     baseline, with_checkpoints, stalls = [], [], []
-    for index in range(repeats):
-        baseline.append(timed(lambda: run(steps)))
-        started = time.perf_counter()
+
+    def checkpointed() -> None:
         for number in range(1, steps + 1):
             run(1)
             if number % every == 0:
                 stalls.append(writer.save(number, state).stall_seconds)
-        with_checkpoints.append(time.perf_counter() - started)
-        writer.wait()
+        writer.wait()  # a persist still running at the end counts against this variant
+
+    for index in range(repeats):
+        # ABBA order, so a drift in machine load does not favour either variant.
+        for variant in (
+            ("baseline", "checkpointed") if index % 2 == 0 else ("checkpointed", "baseline")
+        ):
+            if variant == "baseline":
+                baseline.append(timed(lambda: run(steps)))
+            else:
+                with_checkpoints.append(timed(checkpointed))
         progress(
             f"throughput segment {index + 1}/{repeats}: no checkpoints {baseline[-1]:.2f}s,"
             f" checkpoint every {every} steps {with_checkpoints[-1]:.2f}s"
@@ -264,10 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         state = make_state(args.size_gb)
         size = sum(t.numel() * t.element_size() for t in tensors_of(state))
         progress(f"state: {size / GB:.2f} GB in {len(tensors_of(state))} tensors; disk: {base}")
-        torch_save = bench_torch_save(state, base, args.repeats)
-        dcp_blocking, dcp_total = bench_dcp_async(state, base, args.repeats)
-        memcpy_warm, clone = bench_memcpy(state, args.repeats)
-        cold_stall, stalls, persists = bench_harness(state, base, args.repeats)
+        measured = bench_side_by_side(state, base, args.repeats)
         hashes = bench_hash(state)
         torch.set_num_threads(args.train_threads)
         matmuls = calibrate_step(args.step_seconds)
@@ -283,24 +305,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
     median = statistics.median
-    stall = median(stalls)
-    write = median(p.write_seconds for p in persists)
+    stall = median(measured.stalls)
+    write = median(p.write_seconds for p in measured.persists)
     report = {
-        "stall_ratio_vs_torch_save": stall / median(torch_save),
-        "stall_ratio_vs_dcp_async": stall / median(dcp_blocking),
-        "stall_ratio_vs_memcpy": stall / median(memcpy_warm),
+        "stall_ratio_vs_torch_save": stall / median(measured.torch_save),
+        "stall_ratio_vs_dcp_async": stall / median(measured.dcp_blocking),
+        "stall_ratio_vs_memcpy": stall / median(measured.memcpy_warm),
         "persist_gbps": size / write / GB,
         "hash_gbps": hashes[DEFAULT_ALGORITHM],
         "throughput_ratio_with_checkpoints": sum(baseline) / sum(checkpointed),
         "stall_s": stall,
-        "stall_cold_s": cold_stall,
-        "torch_save_fsync_s": median(torch_save),
-        "dcp_async_save_blocking_s": median(dcp_blocking),
-        "dcp_async_save_total_s": median(dcp_total),
-        "memcpy_warm_s": median(memcpy_warm),
-        "clone_fresh_s": clone,
+        "stall_cold_s": measured.stall_cold,
+        "torch_save_fsync_s": median(measured.torch_save),
+        "dcp_async_save_blocking_s": median(measured.dcp_blocking),
+        "dcp_async_save_total_s": median(measured.dcp_total),
+        "memcpy_warm_s": median(measured.memcpy_warm),
+        "clone_fresh_s": measured.clone_fresh,
         "persist_write_s": write,
-        "persist_verify_s": median(p.verify_seconds for p in persists),
+        "persist_verify_s": median(p.verify_seconds for p in measured.persists),
         "hash_gbps_by_algorithm": hashes,
         "throughput": {
             "step_seconds_target": args.step_seconds,
@@ -316,11 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "hash_algorithm": DEFAULT_ALGORITHM,
         "raw": {
-            "stall_s": stalls,
-            "torch_save_fsync_s": torch_save,
-            "dcp_async_save_blocking_s": dcp_blocking,
-            "memcpy_warm_s": memcpy_warm,
-            "persist_write_s": [p.write_seconds for p in persists],
+            "stall_s": measured.stalls,
+            "torch_save_fsync_s": measured.torch_save,
+            "dcp_async_save_blocking_s": measured.dcp_blocking,
+            "memcpy_warm_s": measured.memcpy_warm,
+            "persist_write_s": [p.write_seconds for p in measured.persists],
         },
         "environment": {
             "torch": torch.__version__,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -212,6 +213,19 @@ def test_leftovers_of_a_killed_writer_are_removed_and_reported(tmp_path: Path) -
     CheckpointWriter(tmp_path, on_event=events.append).close()
     assert [event.kind for event in events] == [EventKind.PARTIAL_REMOVED]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_persist_thread_runs_at_a_lower_priority(tmp_path: Path) -> None:
+    loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    writer = CheckpointWriter(tmp_path)
+    writer.prepare(model_state(0))  # starts the background thread
+    writer.wait()
+    (worker,) = writer._executor._threads
+    assert worker.native_id is not None
+    assert os.getpriority(os.PRIO_PROCESS, worker.native_id) == min(19, loop_nice + 10)
+    # Only that thread: the training loop keeps its priority.
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop_nice
+    writer.close()
 
 
 def test_bad_configuration_is_refused(tmp_path: Path) -> None:
