@@ -358,7 +358,7 @@ def measure(path: Path, settings: Settings) -> Measurement:
         read, read_s, dropped = _read_test_file(test_file, algorithm)
     finally:
         test_file.unlink(missing_ok=True)
-    return Measurement(size, written, read, write_s, read_s, dropped)
+    return Measurement(size, written, read, round(write_s, 6), round(read_s, 6), dropped)
 
 
 def check_storage(target: str, path: Path, settings: Settings) -> list[Check]:
