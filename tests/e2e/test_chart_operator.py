@@ -35,6 +35,8 @@ TRAINGUARD = Path(sys.executable).parent / "trainguard"
 POOL_LABEL = "trainguard.dev/test-pool"
 RUN = "charted"
 WAIT_SECONDS = 60.0
+# Short resync: a restarted operator has reconciled every run within seconds.
+RESYNC_SECONDS = 3
 STOP_SECONDS = 10.0
 HTTP_TIMEOUT_SECONDS = 5
 METRIC_NAMES = (
@@ -66,6 +68,14 @@ def eventually(check: Callable[[], Any], what: str, timeout: float = WAIT_SECOND
     return value
 
 
+def holds(check: Callable[[], Any], what: str, seconds: float) -> None:
+    """Fail unless `check` stays truthy for `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert check(), what
+        time.sleep(0.3)
+
+
 def http_get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_SECONDS) as response:
         text: str = response.read().decode()
@@ -89,7 +99,7 @@ class Operator:
             "operator",
             f"--kubeconfig={self.kubeconfig}",
             f"--namespace={self.namespace}",
-            "--resync-seconds=3",
+            f"--resync-seconds={RESYNC_SECONDS}",
             "--agent-image=trainguard:e2e",
             f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
         ]
@@ -254,10 +264,14 @@ def test_operator_with_the_charts_identity(
     operator.stop()
     operator.start()
     eventually(operator.healthy, "the operator after the upgrade")
-    time.sleep(3)  # one resync period of the restarted operator
-    still = running(cluster, namespace, 2)
-    assert still is not None, "the run stopped training across the upgrade"
-    assert pods(cluster, namespace)[0]["metadata"]["uid"] == pod_uid
+    holds(
+        lambda: (
+            running(cluster, namespace, 2) is not None
+            and pods(cluster, namespace)[0]["metadata"]["uid"] == pod_uid
+        ),
+        "the run keeps training in the same pod across the upgrade",
+        seconds=RESYNC_SECONDS * 2,
+    )
 
     # Suspend: the pod goes; the status says so.
     patch = json.dumps({"spec": {"suspend": True}})
