@@ -3,11 +3,20 @@
 A layer lists a checkpoint only once the checkpoint's manifest is there, written last; every
 put is verified against the remote copy before the layer reports it. Backends by URI scheme:
 `file://` (a directory, e.g. a network volume used only as a backup destination) is here;
-the others plug in through `open_layer`.
+`s3://`, `ssh://` and `hf://` live in `trainguard.agent.remote` and plug in through
+`open_layer`.
 
 Where the destination directory of a `file://` layer is mounted is given to the agent as
 ``TRAINGUARD_LAYER_PATH_<NAME>`` (name upper-cased, '-' as '_'); without it the URI's path is
 used as is.
+
+Credentials come only from the layer's Secret (`credentialsSecret` in the spec). The operator
+mounts it read-only into the agent and the restore step, one file per key (the key names are
+`SECRET_KEY_*` in `trainguard.api.constants`), and names the directory in
+``TRAINGUARD_LAYER_SECRETS_<NAME>`` (same spelling rule). A layer without that variable has no
+Secret: an `s3://` layer then uses the pod's identity (boto3's default credential chain).
+Credential values never reach logs, status, Events or exception messages: every error a
+remote layer raises passes through `Credentials.redact`.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
 
+from trainguard.api.constants import UriScheme
 from trainguard.ckpt import (
     MANIFEST_FILENAME,
     Contents,
@@ -30,6 +40,12 @@ from trainguard.ckpt import (
 )
 
 LAYER_PATH_ENV_PREFIX = "TRAINGUARD_LAYER_PATH_"
+LAYER_SECRETS_ENV_PREFIX = "TRAINGUARD_LAYER_SECRETS_"
+REDACTED = "***"
+# Shorter values (a region, "true") would turn ordinary words of a message into the placeholder.
+MIN_REDACTED_LENGTH = 6
+# The harness names the model component's file(s) model*.safetensors.
+WEIGHTS_PREFIX = "model"
 # Cost rank of a source when restoring: among equal steps the cheapest wins.
 COST = {"l1": 0, "file": 1, "s3": 2, "ssh": 3, "hf": 4}
 
@@ -55,6 +71,28 @@ class LayerConfig:
         return urlparse(self.uri).scheme
 
 
+class Transfer(Protocol):
+    """Where a layer reports the progress of one put; `advance` may block to cap bandwidth."""
+
+    def begin(self, total_bytes: int) -> None:
+        """The put will move (or find already there) `total_bytes`."""
+        ...
+
+    def advance(self, nbytes: int, *, sent: bool = True) -> None:
+        """`nbytes` more are done; `sent=False` when they were already on the layer (resumed)."""
+        ...
+
+
+class NoTransfer:
+    """A `Transfer` that records nothing and never waits."""
+
+    def begin(self, total_bytes: int) -> None:
+        """Nothing to record."""
+
+    def advance(self, nbytes: int, *, sent: bool = True) -> None:
+        """Nothing to record."""
+
+
 class Layer(Protocol):
     """A place checkpoints are shipped to and restored from."""
 
@@ -64,7 +102,7 @@ class Layer(Protocol):
         """Steps whose checkpoint is complete on the layer (manifest present), ascending."""
         ...
 
-    def put(self, checkpoint: Path) -> None:
+    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> None:
         """Upload a verified local checkpoint and verify the remote copy."""
         ...
 
@@ -81,9 +119,71 @@ class Layer(Protocol):
         ...
 
 
+def _env_suffix(name: str) -> str:
+    return name.upper().replace("-", "_")
+
+
 def layer_path_env(name: str) -> str:
     """The env variable naming where a file:// layer is mounted."""
-    return LAYER_PATH_ENV_PREFIX + name.upper().replace("-", "_")
+    return LAYER_PATH_ENV_PREFIX + _env_suffix(name)
+
+
+def layer_secrets_env(name: str) -> str:
+    """The env variable naming the directory where a layer's credentials Secret is mounted."""
+    return LAYER_SECRETS_ENV_PREFIX + _env_suffix(name)
+
+
+class Credentials:
+    """The keys of one layer's credentials Secret, read from its mounted directory.
+
+    Its repr names the keys, never the values, and `redact` scrubs the values out of any text
+    before it can reach a log, the status or an exception message.
+    """
+
+    def __init__(self, values: Mapping[str, str], directory: Path | None = None) -> None:
+        self._values = dict(values)
+        self._directory = directory
+
+    @classmethod
+    def from_env(cls, name: str, environ: Mapping[str, str]) -> Credentials:
+        """The Secret of layer `name` as mounted by the operator (empty when it has none)."""
+        directory = environ.get(layer_secrets_env(name))
+        if not directory:
+            return cls({})
+        root = Path(directory)
+        if not root.is_dir():
+            raise LayerError(f"{name}: the credentials directory {root} is not mounted")
+        # A mounted Secret also holds hidden `..data` links; only the plain key files count.
+        values = {
+            path.name: path.read_text().strip()
+            for path in root.iterdir()
+            if not path.name.startswith(".") and path.is_file()
+        }
+        return cls(values, root)
+
+    def get(self, key: str) -> str | None:
+        """The value of `key`, or None when the Secret lacks it."""
+        return self._values.get(key) or None
+
+    def file(self, key: str) -> Path | None:
+        """The mounted file of `key` (for clients that read keys from files), if there is one."""
+        if self._directory is None or self.get(key) is None:
+            return None
+        return self._directory / key
+
+    def redact(self, text: str) -> str:
+        """`text` with every credential value (and every line of one) replaced by a placeholder."""
+        secrets = set(self._values.values())
+        secrets.update(
+            line.strip() for value in self._values.values() for line in value.splitlines()
+        )
+        for secret in sorted(secrets, key=len, reverse=True):
+            if len(secret) >= MIN_REDACTED_LENGTH:
+                text = text.replace(secret, REDACTED)
+        return text
+
+    def __repr__(self) -> str:
+        return f"Credentials(keys={sorted(self._values)})"
 
 
 class FileLayer:
@@ -104,7 +204,7 @@ class FileLayer:
                 found.append(step)
         return sorted(found)
 
-    def put(self, checkpoint: Path) -> None:
+    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> None:
         """Copy with verification; a weights layer gets the weight files only."""
         self.root.mkdir(parents=True, exist_ok=True)
         manifest = verify(checkpoint, check_hashes=False).manifest
@@ -124,6 +224,11 @@ class FileLayer:
         problems = self.verify(manifest.step)
         if problems:
             raise LayerError(f"{self.config.name}: remote copy does not verify: {problems}")
+        if transfer is not None:
+            shipped = (e.size for e in manifest.files if paths is None or e.path in paths)
+            total = sum(shipped)
+            transfer.begin(total)
+            transfer.advance(total)
 
     def fetch(self, step: int, dest_root: Path) -> Path:
         """Copy one checkpoint back, verifying every byte."""
@@ -147,17 +252,31 @@ class FileLayer:
 
 
 def weight_files(files: Iterable[FileEntry]) -> list[str]:
-    """The paths of a checkpoint that hold model weights (the harness names them model*)."""
-    return [
-        e.path
-        for e in files
-        if Path(e.path).name.startswith("model") or e.path.endswith(".safetensors")
-    ]
+    """The paths of a checkpoint that hold model weights.
+
+    The harness writes one `<component>.safetensors` per component, so the model's weights are
+    the files named `model*` (model.safetensors, or its shards model-00001-of-00002.safetensors);
+    the other safetensors files (optimizer, scheduler, ...) are not weights.
+    """
+    return [e.path for e in files if Path(e.path).name.startswith(WEIGHTS_PREFIX)]
 
 
 def open_layer(config: LayerConfig, environ: Mapping[str, str]) -> Layer:
-    """The backend for a layer's URI scheme."""
-    if config.scheme == "file":
+    """The backend for a layer's URI scheme (a remote backend's client is imported on use)."""
+    if config.scheme == UriScheme.FILE:
         root = environ.get(layer_path_env(config.name)) or urlparse(config.uri).path
         return FileLayer(config, Path(root))
-    raise LayerError(f"{config.name}: the {config.scheme}:// backend is not available here")
+    credentials = Credentials.from_env(config.name, environ)
+    if config.scheme == UriScheme.S3:
+        from trainguard.agent.remote.s3 import open_s3
+
+        return open_s3(config, credentials, environ)
+    if config.scheme == UriScheme.SSH:
+        from trainguard.agent.remote.ssh import open_ssh
+
+        return open_ssh(config, credentials)
+    if config.scheme == UriScheme.HF:
+        from trainguard.agent.remote.hf import open_hf
+
+        return open_hf(config, credentials, environ)
+    raise LayerError(f"{config.name}: no backend for {config.scheme}:// layers")

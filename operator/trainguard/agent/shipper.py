@@ -2,9 +2,12 @@
 
 `Shipper` runs in the agent: it never touches the training process, checks each new L1
 checkpoint once (sizes and hashes), ships it to every layer whose cadence allows, verifies the
-remote copy, applies the layer's keep-N and records per-layer state (pending, uploading,
-verified, failed with the error) for the Lease and the run's status. `flush` ships the newest
-checkpoint now, with a bounded wait, before a deliberate pod deletion.
+remote copy, applies the layer's keep-N and records per-layer state (pending, uploading with
+bytes done of total, verified, failed with the error) for the Lease and the run's status.
+Layers upload in parallel, at most `max_concurrent` at once, and all together stay under an
+optional bandwidth cap (bytes per second, shared, so the node's uplink is left to training's
+own traffic). `flush` ships the newest checkpoint now, with a bounded wait, before a deliberate
+pod deletion.
 
 `restore` (the `trainguard restore` init step) picks the newest checkpoint that verifies
 across L1 and every full-content layer, preferring the cheapest source among equal steps, and
@@ -20,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,10 @@ VERIFIED = "verified"
 FAILED = "failed"
 RESTORE_FILENAME = "restore.json"
 MAX_RETRY_S = 60.0
+DEFAULT_MAX_CONCURRENT = 2
+# A burst of this many seconds of the cap may go out at once; one upload chunk (a few MiB)
+# must fit in it, or every chunk would wait.
+BURST_S = 1.0
 
 
 @dataclass
@@ -43,8 +51,51 @@ class LayerState:
     state: str = PENDING
     step: int | None = None  # newest step verified on the layer
     uploading: int | None = None
+    bytes_done: int = 0  # of the upload in progress (or the last one)
+    bytes_total: int = 0
     error: str | None = None
     at: float = 0.0
+
+
+class RateLimiter:
+    """A token bucket shared by every upload: callers block until their bytes fit the cap."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        if bytes_per_s <= 0:
+            raise ValueError(f"bytes_per_s must be positive, got {bytes_per_s}")
+        self.rate = bytes_per_s
+        self._lock = threading.Lock()
+        self._tokens = bytes_per_s * BURST_S
+        self._at = time.monotonic()
+
+    def take(self, nbytes: int) -> None:
+        """Account for `nbytes` sent; sleep as long as the cap requires."""
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.rate * BURST_S, self._tokens + (now - self._at) * self.rate)
+            self._at = now
+            self._tokens -= nbytes
+            # A debt is paid by waiting; the lock serialises waiters, so the cap holds overall.
+            wait = -self._tokens / self.rate if self._tokens < 0 else 0.0
+            if wait:
+                time.sleep(wait)
+
+
+class _Progress:
+    """The `Transfer` of one put: progress into the layer's state, bytes through the cap."""
+
+    def __init__(self, shipper: Shipper, name: str) -> None:
+        self._shipper = shipper
+        self._name = name
+
+    def begin(self, total_bytes: int) -> None:
+        self._shipper._set(self._name, bytes_done=0, bytes_total=total_bytes)
+
+    def advance(self, nbytes: int, *, sent: bool = True) -> None:
+        with self._shipper._lock:
+            self._shipper._states[self._name].bytes_done += nbytes
+        if sent and self._shipper.limiter is not None:
+            self._shipper.limiter.take(nbytes)
 
 
 def layers_from_env(environ: Mapping[str, str]) -> list[LayerConfig]:
@@ -66,11 +117,21 @@ def layers_from_env(environ: Mapping[str, str]) -> list[LayerConfig]:
 class Shipper(threading.Thread):
     """The background shipping loop of one pod."""
 
-    def __init__(self, l1: Path, layers: list[Layer], poll_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        l1: Path,
+        layers: list[Layer],
+        poll_s: float = 1.0,
+        *,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+        bandwidth_bytes_per_s: float | None = None,
+    ) -> None:
         super().__init__(name="trainguard-shipper", daemon=True)
         self.l1 = l1
         self.layers = layers
         self.poll_s = poll_s
+        self.max_concurrent = max(1, max_concurrent)
+        self.limiter = RateLimiter(bandwidth_bytes_per_s) if bandwidth_bytes_per_s else None
         self._lock = threading.Lock()
         self._states = {layer.config.name: LayerState() for layer in layers}
         self._verified: set[int] = set()
@@ -111,25 +172,35 @@ class Shipper(threading.Thread):
         if path is None:
             return
         now = time.monotonic()
+        due = []
         for layer in self.layers:
-            name = layer.config.name
             with self._lock:
-                state = self._states[name]
+                state = self._states[layer.config.name]
                 if state.step is not None and state.step >= step:
                     continue
-            if not force and not self._due(layer, step, now):
-                continue
-            self._set(name, state=UPLOADING, uploading=step, error=None)
-            try:
-                layer.put(path)
-                layer.prune(layer.config.keep)
-            except (LayerError, OSError) as err:
-                delay = min(MAX_RETRY_S, 2 * max(1.0, now - self._retry_at.get(name, now)))
-                self._retry_at[name] = now + delay
-                self._set(name, state=FAILED, uploading=None, error=str(err)[:200])
-                continue
-            self._shipped_at[name] = now
-            self._set(name, state=VERIFIED, step=step, uploading=None, error=None)
+            if force or self._due(layer, step, now):
+                due.append(layer)
+        if len(due) == 1:
+            self._ship(due[0], step, path, now)
+        elif due:
+            with ThreadPoolExecutor(min(self.max_concurrent, len(due))) as pool:
+                for _ in pool.map(lambda layer: self._ship(layer, step, path, now), due):
+                    pass
+
+    def _ship(self, layer: Layer, step: int, path: Path, now: float) -> None:
+        """Put one checkpoint on one layer and apply its keep-N; record the outcome."""
+        name = layer.config.name
+        self._set(name, state=UPLOADING, uploading=step, error=None)
+        try:
+            layer.put(path, _Progress(self, name))
+            layer.prune(layer.config.keep)
+        except (LayerError, OSError) as err:
+            delay = min(MAX_RETRY_S, 2 * max(1.0, now - self._retry_at.get(name, now)))
+            self._retry_at[name] = now + delay
+            self._set(name, state=FAILED, uploading=None, error=str(err)[:200])
+            return
+        self._shipped_at[name] = now
+        self._set(name, state=VERIFIED, step=step, uploading=None, error=None)
 
     def _due(self, layer: Layer, step: int, now: float) -> bool:
         name = layer.config.name
