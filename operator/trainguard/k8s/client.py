@@ -17,6 +17,7 @@ from urllib.parse import quote
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 JSON = "application/json"
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -76,25 +77,54 @@ class Kube:
     ) -> dict[str, Any]:
         """Send one request; return the decoded answer or raise KubeError."""
         headers = {"Accept": JSON, "Content-Type": content_type}
-        serialized = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list((query or {}).items()),
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
         try:
-            response = self.api.call_api(*serialized[:4], _request_timeout=REQUEST_TIMEOUT_SECONDS)
-            data = response.read()
+            status, reason, data = self._send(
+                method, path, list((query or {}).items()), headers, body
+            )
         except ApiException as err:
             raise _error(err.status or 0, err.reason or "", err.body) from err
-        except OSError as err:  # connection refused, reset, timed out
+        except (OSError, HTTPError) as err:  # connection refused, reset, timed out
             raise KubeError(0, "ConnectionError", str(err)) from err
-        if not 200 <= response.status <= 299:
-            raise _error(response.status, response.reason or "", data)
+        if not 200 <= status <= 299:
+            raise _error(status, reason, data)
         decoded: dict[str, Any] = json.loads(data) if data else {}
         return decoded
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]],
+        headers: dict[str, str],
+        body: Any,
+    ) -> tuple[int, str, bytes]:
+        # The client's transport changed shape in release 37 (openapi-generator 7); both are
+        # in use (pyproject allows >= 31), so each gets its own two calls.
+        if hasattr(self.api, "param_serialize"):
+            serialized = self.api.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=query,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self.api.call_api(*serialized[:4], _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            data = response.read()
+        else:
+            response = self.api.call_api(
+                path,
+                method,
+                query_params=query,
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+            data = response.data
+        return int(response.status), str(response.reason or ""), bytes(data or b"")
 
     def get(self, path: str) -> dict[str, Any] | None:
         """The object at `path`, or None when it does not exist."""
