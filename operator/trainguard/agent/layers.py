@@ -27,7 +27,11 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
 
-from trainguard.api.constants import UriScheme
+from trainguard.api.constants import (
+    SECRET_KEY_S3_ENDPOINT_URL,
+    SECRET_KEY_SSH_KNOWN_HOSTS,
+    UriScheme,
+)
 from trainguard.ckpt import (
     MANIFEST_FILENAME,
     Contents,
@@ -42,6 +46,8 @@ from trainguard.ckpt import (
 LAYER_PATH_ENV_PREFIX = "TRAINGUARD_LAYER_PATH_"
 LAYER_SECRETS_ENV_PREFIX = "TRAINGUARD_LAYER_SECRETS_"
 REDACTED = "***"
+# Keys a credentials Secret may hold that are not secret: an error may name them.
+NOT_SECRET_KEYS = frozenset({SECRET_KEY_S3_ENDPOINT_URL, SECRET_KEY_SSH_KNOWN_HOSTS})
 # Shorter values (a region, "true") would turn ordinary words of a message into the placeholder.
 MIN_REDACTED_LENGTH = 6
 # The harness names the model component's file(s) model*.safetensors.
@@ -173,10 +179,9 @@ class Credentials:
 
     def redact(self, text: str) -> str:
         """`text` with every credential value (and every line of one) replaced by a placeholder."""
-        secrets = set(self._values.values())
-        secrets.update(
-            line.strip() for value in self._values.values() for line in value.splitlines()
-        )
+        values = [v for k, v in self._values.items() if k not in NOT_SECRET_KEYS]
+        secrets = set(values)
+        secrets.update(line.strip() for value in values for line in value.splitlines())
         for secret in sorted(secrets, key=len, reverse=True):
             if len(secret) >= MIN_REDACTED_LENGTH:
                 text = text.replace(secret, REDACTED)

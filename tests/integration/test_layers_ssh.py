@@ -1,0 +1,102 @@
+"""The ssh:// layer against OpenSSH's sshd on loopback (generated keys, its own config)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from layer_helpers import MIB, Counting, assert_same_checkpoint, save
+
+from conftest import Sshd
+from trainguard.agent.layers import (
+    LayerConfig,
+    LayerError,
+    layer_secrets_env,
+    open_layer,
+)
+from trainguard.agent.remote.base import RemoteLayer
+from trainguard.agent.remote.ssh import PARTIAL_SUFFIX
+from trainguard.agent.shipper import Shipper, restore
+from trainguard.api.constants import SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_PRIVATE_KEY
+from trainguard.ckpt import step_dirname
+
+pytestmark = pytest.mark.e2e
+
+
+def _secret_dir(server: Sshd, tmp_path: Path, known_hosts: bool = True) -> Path:
+    """The layer's Secret as the operator mounts it: one file per key."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / SECRET_KEY_SSH_PRIVATE_KEY).write_text(server.client_key.read_text())
+    if known_hosts:
+        (secret / SECRET_KEY_SSH_KNOWN_HOSTS).write_text(server.known_hosts.read_text())
+    return secret
+
+
+def _layer(server: Sshd, tmp_path: Path, keep: int = 2, known_hosts: bool = True) -> RemoteLayer:
+    uri = f"ssh://{server.user}@127.0.0.1:{server.port}{tmp_path / 'remote'}"
+    config = LayerConfig("scp-backup", uri, keep=keep)
+    environ = {layer_secrets_env("scp-backup"): str(_secret_dir(server, tmp_path, known_hosts))}
+    layer = open_layer(config, environ)
+    assert isinstance(layer, RemoteLayer)
+    return layer
+
+
+def test_put_verify_list_prune_fetch_restore(sshd: Sshd, tmp_path: Path) -> None:
+    l1 = tmp_path / "l1"
+    layer = _layer(sshd, tmp_path)
+    checkpoints = {step: save(l1, step, model_bytes=3 * MIB) for step in (10, 20, 30)}
+    for step in (10, 20):
+        layer.put(checkpoints[step])
+    shipper = Shipper(l1, [layer])
+    shipper.ship_once()  # ships 30, then keep-2 removes 10
+    assert layer.steps() == [20, 30]
+    assert shipper.states()["scp-backup"]["state"] == "verified"
+    assert not (tmp_path / "remote" / step_dirname(10)).exists()
+    assert layer.verify(30) == []
+    assert_same_checkpoint(checkpoints[30], layer.fetch(30, tmp_path / "fetched"))
+    result = restore(tmp_path / "fresh", [layer])
+    assert (result.step, result.from_layer) == (30, "scp-backup")
+
+
+def test_dropped_connection_resumes_at_the_offset(sshd: Sshd, tmp_path: Path) -> None:
+    checkpoint = save(tmp_path / "l1", 3, model_bytes=12 * MIB)
+    layer = _layer(sshd, tmp_path)
+    drop = Counting(after=4 * MIB, action=lambda: assert_dropped(sshd))
+    with pytest.raises(LayerError):
+        layer.put(checkpoint, drop)
+    partial = tmp_path / "remote" / step_dirname(3) / f"model.safetensors{PARTIAL_SUFFIX}"
+    offset = partial.stat().st_size
+    assert 0 < offset < 12 * MIB
+
+    resumed = Counting()
+    layer.put(checkpoint, resumed)
+    assert resumed.resumed == offset  # the partial file was continued, not sent again
+    assert resumed.sent == resumed.total - offset
+    assert layer.steps() == [3]
+    assert not partial.exists()
+    assert_same_checkpoint(checkpoint, layer.fetch(3, tmp_path / "fetched"))
+
+
+def assert_dropped(server: Sshd) -> None:
+    assert server.drop_connections() > 0
+
+
+def test_corrupt_remote_file_is_seen_by_the_remote_hash(sshd: Sshd, tmp_path: Path) -> None:
+    l1 = tmp_path / "l1"
+    layer = _layer(sshd, tmp_path)
+    for step in (10, 20):
+        layer.put(save(l1, step, model_bytes=MIB))
+    victim = tmp_path / "remote" / step_dirname(20) / "model.safetensors"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    assert layer.verify(20) == ["model.safetensors: changed on the layer since it was uploaded"]
+    result = restore(tmp_path / "fresh", [layer])
+    assert (result.step, result.from_layer) == (10, "scp-backup")
+
+
+def test_unknown_host_key_is_refused(sshd: Sshd, tmp_path: Path) -> None:
+    layer = _layer(sshd, tmp_path, known_hosts=False)
+    with pytest.raises(LayerError, match="not found in known_hosts"):
+        layer.steps()

@@ -1,0 +1,280 @@
+"""RemoteLayer's contract over an in-memory store, credentials, the factory and the shard split."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from trainguard.agent.layers import (
+    REDACTED,
+    Credentials,
+    LayerConfig,
+    LayerError,
+    Transfer,
+    layer_secrets_env,
+    open_layer,
+    weight_files,
+)
+from trainguard.agent.remote.base import FINGERPRINTS_FILENAME, RemoteLayer, Uploads, step_key
+from trainguard.agent.remote.hf import HfLayer
+from trainguard.agent.remote.s3 import S3Store
+from trainguard.agent.remote.shards import ShardError, split
+from trainguard.agent.remote.ssh import SshStore
+from trainguard.agent.shipper import restore
+from trainguard.api.constants import (
+    SECRET_KEY_HF_TOKEN,
+    SECRET_KEY_S3_ACCESS_KEY_ID,
+    SECRET_KEY_S3_ENDPOINT_URL,
+    SECRET_KEY_S3_SECRET_ACCESS_KEY,
+    SECRET_KEY_SSH_PRIVATE_KEY,
+)
+from trainguard.ckpt import MANIFEST_FILENAME, CheckpointTransaction, FileEntry, verify
+
+pytestmark = pytest.mark.unit
+
+SECRET = "very-secret-access-key-123"
+
+
+class MemoryStore:
+    """A Store in a dict; fingerprints are the content's length and first bytes."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.log: list[str] = []
+        self.fail_with: Exception | None = None
+
+    @staticmethod
+    def fingerprint(data: bytes) -> str:
+        return f"{len(data)}:{data[:8].hex()}:{data[-8:].hex()}"
+
+    def list_steps(self) -> dict[int, bool]:
+        found: dict[int, bool] = {}
+        for key in self.objects:
+            directory, _, name = key.partition("/")
+            step = int(directory.removeprefix("step-"))
+            found[step] = found.get(step, False) or name == MANIFEST_FILENAME
+        return found
+
+    def read(self, key: str) -> bytes | None:
+        return self.objects.get(key)
+
+    def upload(self, files: Uploads, transfer: Transfer) -> dict[str, str]:
+        if self.fail_with is not None:
+            raise self.fail_with
+        result = {}
+        for source, key in files:
+            self.objects[key] = source.read_bytes()
+            self.log.append(f"upload {key}")
+            transfer.advance(len(self.objects[key]))
+            result[key] = self.fingerprint(self.objects[key])
+        return result
+
+    def write_last(self, items: list[tuple[str, bytes]]) -> None:
+        for key, data in items:
+            self.objects[key] = data
+            self.log.append(f"write {key}")
+
+    def stats(self, keys: list[str]) -> dict[str, tuple[int, str] | None]:
+        return {
+            k: (len(self.objects[k]), self.fingerprint(self.objects[k]))
+            if k in self.objects
+            else None
+            for k in keys
+        }
+
+    @contextmanager
+    def download(self, key: str) -> Iterator[Iterator[bytes]]:
+        yield iter([self.objects[key]])
+
+    def delete_step(self, step: int) -> None:
+        prefix = f"step-{step:08d}/"
+        self.objects.pop(prefix + MANIFEST_FILENAME, None)
+        for key in [k for k in self.objects if k.startswith(prefix)]:
+            del self.objects[key]
+
+
+def _layer(contents: str = "full", secret: str = SECRET) -> tuple[RemoteLayer, MemoryStore]:
+    store = MemoryStore()
+    credentials = Credentials({SECRET_KEY_S3_SECRET_ACCESS_KEY: secret})
+    config = LayerConfig("mem", "s3://bucket/prefix", contents=contents)
+    return RemoteLayer(config, store, credentials), store
+
+
+def _save(root: Path, step: int) -> Path:
+    with CheckpointTransaction(root, step) as txn:
+        txn.write_file("model.safetensors", b"w" * 3000 + step.to_bytes(2, "little"))
+        txn.write_file("optimizer.safetensors", b"o" * 5000)
+        return Path(txn.commit().path)
+
+
+def test_files_first_then_fingerprints_then_the_manifest(tmp_path: Path) -> None:
+    layer, store = _layer()
+    layer.put(_save(tmp_path, 4))
+    assert store.log == [
+        f"upload {step_key(4, 'model.safetensors')}",
+        f"upload {step_key(4, 'optimizer.safetensors')}",
+        f"write {step_key(4, FINGERPRINTS_FILENAME)}",
+        f"write {step_key(4, MANIFEST_FILENAME)}",
+    ]
+    assert layer.steps() == [4]
+    assert layer.verify(4) == []
+    layer.put(_save(tmp_path, 4))  # already there: nothing is sent again
+    assert len(store.log) == 4
+
+
+def test_a_step_without_manifest_is_not_listed(tmp_path: Path) -> None:
+    layer, store = _layer()
+    layer.put(_save(tmp_path, 4))
+    del store.objects[step_key(4, MANIFEST_FILENAME)]
+    assert layer.steps() == []
+    assert layer.verify(4) == [f"missing {MANIFEST_FILENAME}"]
+
+
+def test_weights_layer_ships_the_model_only(tmp_path: Path) -> None:
+    layer, store = _layer(contents="weights")
+    layer.put(_save(tmp_path, 4))
+    manifest = json.loads(store.objects[step_key(4, MANIFEST_FILENAME)])
+    assert manifest["contents"] == "weights"
+    assert [f["path"] for f in manifest["files"]] == ["model.safetensors"]
+    assert step_key(4, "optimizer.safetensors") not in store.objects
+
+
+def test_fetch_hashes_every_byte_and_restore_falls_back(tmp_path: Path) -> None:
+    layer, store = _layer()
+    for step in (1, 2):
+        layer.put(_save(tmp_path / "l1", step))
+    key = step_key(2, "optimizer.safetensors")
+    data = bytearray(store.objects[key])
+    data[100] ^= 1  # same length, same ends: the fingerprint cannot see it
+    store.objects[key] = bytes(data)
+    assert layer.verify(2) == []
+    with pytest.raises(LayerError, match="hash or size differs"):
+        layer.fetch(2, tmp_path / "dest")
+    assert not list((tmp_path / "dest").glob("step-*"))
+    result = restore(tmp_path / "fresh", [layer])
+    assert (result.step, result.from_layer) == (1, "mem")
+    assert verify(tmp_path / "fresh" / "step-00000001").ok
+
+
+def test_prune_keeps_newest_verified_and_leaves_invalid_ones(tmp_path: Path) -> None:
+    layer, store = _layer()
+    for step in (1, 2, 3, 4):
+        layer.put(_save(tmp_path / "l1", step))
+    store.objects.pop(step_key(4, "model.safetensors"))  # newest is broken: never counted
+    store.objects[step_key(0, "model.safetensors")] = b"abandoned partial upload"
+    fresh = RemoteLayer(layer.config, store, layer.credentials)  # no memory of its puts
+    assert fresh.prune(2) == [1]
+    assert fresh.steps() == [2, 3, 4]
+    assert 0 not in store.list_steps()
+    with pytest.raises(ValueError):
+        fresh.prune(0)
+
+
+def test_errors_are_layer_errors_without_credentials(tmp_path: Path) -> None:
+    layer, store = _layer()
+    try:
+        raise OSError(f"signed with {SECRET}")
+    except OSError as cause:
+        store.fail_with = RuntimeError("upload failed")
+        store.fail_with.__cause__ = cause
+    with pytest.raises(LayerError) as raised:
+        layer.put(_save(tmp_path, 1))
+    message = str(raised.value)
+    assert SECRET not in message and REDACTED in message
+    assert "RuntimeError: upload failed <- OSError" in message
+    assert raised.value.__cause__ is None  # the original, unredacted, is not chained
+
+
+def test_credentials_from_the_mounted_secret(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    (secret / "..data").mkdir(parents=True)
+    (secret / SECRET_KEY_HF_TOKEN).write_text("hf_abcdefghijklmnop\n")
+    (secret / SECRET_KEY_SSH_PRIVATE_KEY).write_text(
+        "-----BEGIN-----\nAAAAline-one\nBBBBline-two\n"
+    )
+    (secret / SECRET_KEY_S3_ENDPOINT_URL).write_text("http://minio.storage:9000")
+    credentials = Credentials.from_env(
+        "my-layer", {"TRAINGUARD_LAYER_SECRETS_MY_LAYER": str(secret)}
+    )
+    assert layer_secrets_env("my-layer") == "TRAINGUARD_LAYER_SECRETS_MY_LAYER"
+    assert credentials.get(SECRET_KEY_HF_TOKEN) == "hf_abcdefghijklmnop"
+    assert credentials.file(SECRET_KEY_SSH_PRIVATE_KEY) == secret / SECRET_KEY_SSH_PRIVATE_KEY
+    assert credentials.get("..data") is None
+    assert "hf_abc" not in repr(credentials)
+    text = "token hf_abcdefghijklmnop, key line BBBBline-two, at http://minio.storage:9000"
+    assert credentials.redact(text) == "token ***, key line ***, at http://minio.storage:9000"
+    assert Credentials.from_env("none", {}).get(SECRET_KEY_HF_TOKEN) is None
+    with pytest.raises(LayerError, match="not mounted"):
+        Credentials.from_env("x", {layer_secrets_env("x"): str(tmp_path / "missing")})
+
+
+def test_weight_files_are_the_model_files() -> None:
+    entries = [
+        FileEntry(path=p, size=1, hash="0")
+        for p in ("model.safetensors", "model-00001-of-00002.safetensors", "optimizer.safetensors")
+    ]
+    assert weight_files(entries) == ["model.safetensors", "model-00001-of-00002.safetensors"]
+
+
+def test_open_layer_picks_the_backend_by_scheme(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    for key, value in {
+        SECRET_KEY_S3_ACCESS_KEY_ID: "AKIAEXAMPLE",
+        SECRET_KEY_S3_SECRET_ACCESS_KEY: SECRET,
+        SECRET_KEY_SSH_PRIVATE_KEY: "key",
+        SECRET_KEY_HF_TOKEN: "hf_token_value",
+    }.items():
+        (secret / key).write_text(value)
+
+    def opened(name: str, uri: str, contents: str = "full") -> object:
+        env = {layer_secrets_env(name): str(secret)}
+        return open_layer(LayerConfig(name, uri, contents=contents), env)
+
+    s3 = opened("a", "s3://bucket/runs/x")
+    assert isinstance(s3, RemoteLayer) and isinstance(s3.store, S3Store)
+    assert (s3.store.bucket, s3.store.prefix) == ("bucket", "runs/x/")
+    ssh = opened("b", "ssh://backup@nas.local:2222/srv/ckpt")
+    assert isinstance(ssh, RemoteLayer) and isinstance(ssh.store, SshStore)
+    assert (ssh.store.host, ssh.store.port, ssh.store.username) == ("nas.local", 2222, "backup")
+    hf = opened("c", "hf://acme/llm/ckpts", contents="weights")
+    assert isinstance(hf, HfLayer)
+    assert (hf.store.repo_id, hf.store.prefix) == ("acme/llm", "ckpts/")
+    with pytest.raises(LayerError, match="weights only"):
+        opened("d", "hf://acme/llm")
+    with pytest.raises(LayerError, match="no backend"):
+        opened("e", "gs://bucket")
+    with pytest.raises(LayerError, match="ssh-privatekey"):
+        open_layer(LayerConfig("f", "ssh://h/p"), {})
+
+
+def test_split_safetensors_into_loadable_shards(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    tensors = {
+        "a": rng.standard_normal((64, 32)).astype(np.float32),
+        "b": np.arange(1000, dtype=np.int64),
+        "c": rng.standard_normal(3000).astype(np.float16),
+        "d": np.ones((10, 10), dtype=np.float64),
+    }
+    source = tmp_path / "model.safetensors"
+    save_file(tensors, str(source), metadata={"format": "pt"})
+    files = split(source, tmp_path / "shards", max_bytes=9000)
+    names = [f.name for f in files]
+    assert names[-1] == "model.safetensors.index.json"
+    assert all(n.startswith("model-0000") for n in names[:-1]) and len(names) > 2
+    loaded: dict[str, np.ndarray] = {}
+    for shard in files[:-1]:
+        assert shard.stat().st_size <= 9000 + 1024  # data under the limit, plus a small header
+        loaded.update(load_file(str(shard)))
+    assert all(np.array_equal(loaded[k], v) for k, v in tensors.items())
+    index = json.loads(files[-1].read_text())
+    assert set(index["weight_map"]) == set(tensors)
+    assert index["metadata"]["total_size"] == sum(t.nbytes for t in tensors.values())
+    with pytest.raises(ShardError, match="alone is over"):
+        split(source, tmp_path / "tiny", max_bytes=100)
