@@ -3,10 +3,10 @@
 Usage: python crash_driver.py OUT_DIR
 
 For N = 0 (count only), then 1..count: fork a child that saves step 1 into OUT_DIR/kill-N,
-then saves step 2 with keep-last-1 while os.write/fsync/close/open/rename/mkdir/unlink/rmdir
-are wrapped to SIGKILL the process at call N (from the background writer thread, as a real
-crash would). Prints a JSON object: {"calls": count, "status": {N: wait status}}. The test
-then inspects every OUT_DIR/kill-N. The driver itself never starts threads before forking.
+then saves step 2 with keep-last-1 while the os functions in WRAPPED SIGKILL the process at
+call N (from the background writer thread, as a real crash would). Prints a JSON object,
+{"calls": count, "status": {N: wait status}}; the test then inspects every OUT_DIR/kill-N.
+The driver itself never starts threads before forking.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 
 from trainguard_harness.writer import CheckpointWriter
 
-WRAPPED = ("write", "fsync", "close", "open", "rename", "mkdir", "unlink", "rmdir")
+WRAPPED = ("write", "pwrite", "fsync", "close", "open", "rename", "mkdir", "unlink", "rmdir")
 
 
 def state(step: int) -> dict[str, object]:

@@ -14,6 +14,7 @@ import torch
 from harness_helpers import fill_until_free
 
 from trainguard.ckpt import BLAKE3, SHA256, find_newest_valid, scan
+from trainguard.ckpt.layout import O_DIRECT
 from trainguard_harness import writer as writer_module
 from trainguard_harness.reader import load_newest
 from trainguard_harness.writer import (
@@ -226,6 +227,37 @@ def test_the_persist_thread_runs_at_a_lower_priority(tmp_path: Path) -> None:
     # Only that thread: the training loop keeps its priority.
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == loop_nice
     writer.close()
+
+
+def test_tensor_data_goes_to_the_device_with_o_direct(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    direct_fds: set[int] = set()
+    direct_bytes = [0]
+    real_open, real_pwrite = os.open, os.pwrite
+
+    def recording_open(path: str, flags: int, *args: int, **kwargs: int) -> int:
+        fd = real_open(path, flags, *args, **kwargs)
+        if flags & O_DIRECT:
+            direct_fds.add(fd)
+        return fd
+
+    def recording_pwrite(fd: int, data: memoryview, offset: int) -> int:
+        if fd in direct_fds:
+            direct_bytes[0] += len(data)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    monkeypatch.setattr(os, "pwrite", recording_pwrite)
+    writer = CheckpointWriter(tmp_path)
+    writer.save(1, model_state(1, numel=100_000))
+    writer.close()
+    monkeypatch.undo()
+    # All of the 400 kB tensor but its last partial block bypassed the page cache.
+    assert direct_bytes[0] >= 100_000 * 4 - 4096
+    loaded = load_newest(tmp_path).loaded
+    assert loaded is not None
+    assert_state_equal(loaded.components, model_state(1, numel=100_000))
 
 
 def test_bad_configuration_is_refused(tmp_path: Path) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from trainguard.ckpt import CheckpointTransaction, prune, remove_partials, scan
+from trainguard.ckpt import CheckpointTransaction, hash_file, prune, remove_partials, scan
 
 pytestmark = pytest.mark.unit
 
@@ -88,3 +89,22 @@ def test_remove_partials_clears_leftovers_but_not_checkpoints_or_quarantine(
         "step-00000001",
     ]
     assert remove_partials(tmp_path / "absent") == ()
+
+
+def test_checkpoints_the_caller_verified_are_not_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for step in (1, 2, 3):
+        write_checkpoint(tmp_path, step)
+    hashed: list[str] = []
+    real = hash_file
+
+    def counting(path: Path, algorithm: str, **kwargs: bool) -> tuple[int, str]:
+        hashed.append(Path(path).parent.name)
+        return real(path, algorithm, **kwargs)
+
+    # The package exports the function verify(), which hides the module of the same name.
+    monkeypatch.setattr(sys.modules["trainguard.ckpt.verify"], "hash_file", counting)
+    result = prune(tmp_path, keep_last=2, verified=[tmp_path / "step-00000003"])
+    assert [p.name for p in result.kept] == ["step-00000003", "step-00000002"]
+    assert hashed == ["step-00000002"]

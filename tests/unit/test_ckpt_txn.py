@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import mmap
 import os
 import subprocess
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from trainguard.ckpt import (
     scan,
     verify,
 )
+from trainguard.ckpt.layout import O_DIRECT
 
 pytestmark = pytest.mark.unit
 
@@ -99,7 +101,7 @@ def test_manifest_is_written_after_every_file_is_fsynced(
     ]
 
 
-@pytest.mark.parametrize("failing", ["write", "fsync", "close"])
+@pytest.mark.parametrize("failing", ["pwrite", "fsync", "close"])
 def test_io_errors_propagate_and_leave_the_previous_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
@@ -195,3 +197,72 @@ def test_a_full_disk_fails_loudly_and_keeps_the_previous(tiny_disk: Path) -> Non
     after = scan(tiny_disk)
     assert [v.path for v in after.valid] == [previous]
     assert after.partial == ()
+
+
+def _page_aligned(data: bytes) -> mmap.mmap:
+    """A writable, page-aligned copy of `data` (anonymous mmap memory is page-aligned)."""
+    buffer = mmap.mmap(-1, len(data))
+    buffer[:] = data
+    return buffer
+
+
+def _record_open_flags(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    flags: list[int] = []
+    real_open = os.open
+
+    def recording(path: str | os.PathLike[str], flag: int, *args: int, **kwargs: int) -> int:
+        flags.append(flag)
+        return real_open(path, flag, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording)
+    return flags
+
+
+def test_aligned_buffers_are_written_with_o_direct(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    payload = bytes(range(256)) * 64 + b"tail"  # 16 KiB aligned part, then an unaligned tail
+    flags = _record_open_flags(monkeypatch)
+    with CheckpointTransaction(tmp_path, 1) as txn:
+        writer = txn.create("big.bin", direct=True)
+        assert writer.direct
+        writer.write(_page_aligned(payload))
+        writer.close()
+        # Read-only or misaligned data still works, through the page cache.
+        with txn.create("mixed.bin", direct=True) as mixed:
+            mixed.write(b"header")
+            mixed.write(_page_aligned(payload))
+        committed = txn.commit()
+    assert any(flag & O_DIRECT for flag in flags)
+    assert (committed.path / "big.bin").read_bytes() == payload
+    assert (committed.path / "mixed.bin").read_bytes() == b"header" + payload
+    assert verify(committed.path).ok
+
+
+def test_filesystems_without_o_direct_fall_back_to_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def no_direct(path: str | os.PathLike[str], flag: int, *args: int, **kwargs: int) -> int:
+        if flag & O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flag, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    payload = bytes(8192)
+    with CheckpointTransaction(tmp_path, 1) as txn:
+        with txn.create("a.bin", direct=True) as writer:
+            assert not writer.direct
+            writer.write(_page_aligned(payload))
+        committed = txn.commit()
+    assert (committed.path / "a.bin").read_bytes() == payload
+
+    def denied(path: str | os.PathLike[str], flag: int, *args: int, **kwargs: int) -> int:
+        if flag & O_DIRECT:
+            raise OSError(errno.EACCES, "Permission denied")
+        return real_open(path, flag, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", denied)
+    with pytest.raises(PermissionError), CheckpointTransaction(tmp_path, 2) as txn:
+        txn.create("a.bin", direct=True)

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
+from trainguard.ckpt import DIRECT_IO_ALIGN
 from trainguard_harness.tensorfile import ComponentLayout, layout_component
 
-# Component regions start at cache-line boundaries; tensors inside are aligned by their order.
-REGION_ALIGN = 64
+# Component regions start at O_DIRECT-aligned addresses, so the writer can send them to the
+# device without a page-cache copy; tensors inside are aligned by their order.
+REGION_ALIGN = DIRECT_IO_ALIGN
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,9 @@ class HostSnapshotter:
         if self._buffer is not None and self.capacity >= plan.nbytes and self._pinned == pinned:
             return self._buffer
         self._buffer = None  # release the old one before allocating its replacement
-        buffer = torch.empty(max(plan.nbytes, 1), dtype=torch.uint8, pin_memory=pinned)
+        raw = torch.empty(plan.nbytes + REGION_ALIGN, dtype=torch.uint8, pin_memory=pinned)
+        shift = -raw.data_ptr() % REGION_ALIGN
+        buffer = raw[shift : shift + max(plan.nbytes, 1)]
         # Touch every page now so the first save does not pay the page faults.
         buffer.fill_(0)
         self._buffer, self._pinned = buffer, pinned

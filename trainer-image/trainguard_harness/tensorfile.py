@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from trainguard.ckpt import DIRECT_IO_ALIGN
+
 SKELETON_KEY = "trainguard.skeleton"
 TENSOR_TAG = "__tensor__"
 NDARRAY_TAG = "__ndarray__"
@@ -32,7 +34,9 @@ BYTES_TAG = "__bytes__"
 FLOAT_TAG = "__float__"
 _TAGS = (TENSOR_TAG, NDARRAY_TAG, TUPLE_TAG, DICT_TAG, BYTES_TAG, FLOAT_TAG)
 HEADER_LENGTH_BYTES = 8
-HEADER_ALIGN = 8
+# The data section starts at an O_DIRECT-aligned file offset (the header is space-padded, as
+# the safetensors format allows), so it can be written straight from the host buffer.
+HEADER_ALIGN = DIRECT_IO_ALIGN
 FILE_SUFFIX = ".safetensors"
 
 DTYPE_NAMES: dict[torch.dtype, str] = {

@@ -147,6 +147,8 @@ class CheckpointWriter:
         )
         self._pending: Future[PersistStats | None] | None = None
         self.last_persisted: PersistStats | None = None
+        # Checkpoints this writer read back in full: keep-last-N need not hash them again.
+        self._verified: set[Path] = set()
         self.root.mkdir(parents=True, exist_ok=True)
         # This process is now the root's only writer: leftovers of a killed one go.
         for leftover in remove_partials(self.root):
@@ -216,7 +218,7 @@ class CheckpointWriter:
             self.root, step, algorithm=self.algorithm, metadata=metadata
         ) as txn:
             for index, component in enumerate(snapshot.plan.components):
-                with txn.create(component.name + FILE_SUFFIX) as out:
+                with txn.create(component.name + FILE_SUFFIX, direct=True) as out:
                     out.write(component.header())
                     out.write(snapshot.data(index))
             committed = txn.commit()
@@ -229,13 +231,17 @@ class CheckpointWriter:
                 f"an invalid checkpoint of step {step} was moved aside to {committed.quarantined}",
             )
         if self.verify_after_write:
-            result = verify(committed.path)
+            # O_DIRECT: verify what the device holds, not the page cache's copy of it.
+            result = verify(committed.path, direct=True)
             if not result.ok:
                 raise CheckpointSaveError(
                     step, f"{committed.path} does not verify after writing: {result.reasons}"
                 )
         verified = time.perf_counter()
-        pruned = prune(self.root, self.keep_last)
+        if self.verify_after_write:
+            self._verified.add(committed.path)
+        pruned = prune(self.root, self.keep_last, verified=self._verified)
+        self._verified.difference_update(pruned.deleted)
         for path in pruned.deleted:
             self._emit(
                 EventKind.PRUNED, None, path, f"removed {path.name} (keep-last-{self.keep_last})"

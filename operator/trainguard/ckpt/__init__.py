@@ -18,7 +18,7 @@ from trainguard.ckpt.hashing import (
     hash_file,
     new_hasher,
 )
-from trainguard.ckpt.layout import parse_step_dirname, step_dirname
+from trainguard.ckpt.layout import DIRECT_IO_ALIGN, parse_step_dirname, step_dirname
 from trainguard.ckpt.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILENAME,
@@ -33,6 +33,7 @@ from trainguard.ckpt.verify import Scan, Search, Verification, find_newest_valid
 __all__ = [
     "BLAKE3",
     "DEFAULT_ALGORITHM",
+    "DIRECT_IO_ALIGN",
     "FORMAT_VERSION",
     "MANIFEST_FILENAME",
     "SHA256",

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import mmap
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import xxhash
+
+from trainguard.ckpt.layout import open_direct
 
 if TYPE_CHECKING:
     # collections.abc.Buffer exists only from Python 3.12.
@@ -74,17 +76,33 @@ def new_hasher(algorithm: str) -> Hasher:
     )
 
 
-def hash_file(path: str | os.PathLike[str], algorithm: str) -> tuple[int, str]:
-    """Return (size in bytes, hex digest) of a file, read in chunks into one reused buffer."""
+def hash_file(
+    path: str | os.PathLike[str], algorithm: str, *, direct: bool = False
+) -> tuple[int, str]:
+    """Return (size in bytes, hex digest) of a file, read in chunks into one reused buffer.
+
+    With `direct=True` the file is read with O_DIRECT where supported: from the device rather
+    than from a cached copy, and without filling the page cache (or spending CPU on it).
+    """
     hasher = new_hasher(algorithm)
-    buffer = bytearray(CHUNK_BYTES)
-    view = memoryview(buffer)
+    fd = open_direct(path, os.O_RDONLY) if direct else None
+    if fd is None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     size = 0
-    with Path(path).open("rb", buffering=0) as handle:
+    # Anonymous mmap memory is page-aligned, as O_DIRECT reads require.
+    buffer = mmap.mmap(-1, CHUNK_BYTES)
+    view = memoryview(buffer)
+    try:
         while True:
-            count = handle.readinto(view)
-            if not count:
-                break
+            count = os.preadv(fd, [view], size)
             hasher.update(view[:count])
             size += count
+            # A short read of a regular file is its end (and O_DIRECT could not read on from
+            # the unaligned offset that follows).
+            if count < CHUNK_BYTES:
+                break
+    finally:
+        view.release()
+        buffer.close()
+        os.close(fd)
     return size, hasher.hexdigest()

@@ -1,4 +1,4 @@
-"""Names inside a checkpoint root, and the fsync helpers every writer uses.
+"""Names inside a checkpoint root, and the fsync and O_DIRECT helpers every writer uses.
 
 A checkpoint root (an L1 directory, or a remote layer mounted as a directory) holds:
 
@@ -16,6 +16,7 @@ half-deleted directory for one.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import time
@@ -27,6 +28,10 @@ MAX_STEP = 10**STEP_DIGITS - 1
 TMP_PREFIX = ".tmp-"
 DELETING_PREFIX = ".deleting-"
 INVALID_PREFIX = ".invalid-"
+# O_DIRECT transfers must be aligned (memory, offset, length) to the device's logical block
+# size; 4096 satisfies every common device. O_DIRECT is 0 where the platform lacks it.
+DIRECT_IO_ALIGN = 4096
+O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 
 _STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d{{{STEP_DIGITS}}})$")
 
@@ -47,6 +52,18 @@ def parse_step_dirname(name: str) -> int | None:
 def hidden_name(prefix: str, step: int) -> str:
     """A unique hidden name (`prefix` + step dirname + pid and clock) for a temporary directory."""
     return f"{prefix}{step_dirname(step)}-{os.getpid()}-{time.time_ns()}"
+
+
+def open_direct(path: str | os.PathLike[str], flags: int) -> int | None:
+    """Open with O_DIRECT added; None where the platform or the filesystem does not support it."""
+    if not O_DIRECT:
+        return None
+    try:
+        return os.open(path, flags | os.O_CLOEXEC | O_DIRECT)
+    except OSError as error:
+        if error.errno == errno.EINVAL:  # this filesystem has no O_DIRECT
+            return None
+        raise
 
 
 def fsync_path(path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +38,14 @@ def remove_checkpoint_dir(path: Path, step: int) -> None:
     shutil.rmtree(doomed)
 
 
-def prune(root: str | os.PathLike[str], keep_last: int) -> PruneResult:
-    """Apply keep-last-N to `root` (see the module docstring for the rules)."""
+def prune(
+    root: str | os.PathLike[str], keep_last: int, *, verified: Collection[Path] = ()
+) -> PruneResult:
+    """Apply keep-last-N to `root` (see the module docstring for the rules).
+
+    `verified` names checkpoints the caller has just verified in full (a writer reading back
+    what it wrote): their hashes are not read again.
+    """
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, got {keep_last}")
     kept: list[Path] = []
@@ -47,7 +54,7 @@ def prune(root: str | os.PathLike[str], keep_last: int) -> PruneResult:
     for step, path in list_checkpoint_dirs(root):
         # Only the N kept ones need their hashes checked; an older one just needs to look
         # complete (manifest and sizes) to be recognised as a superseded checkpoint.
-        result = verify(path, check_hashes=len(kept) < keep_last)
+        result = verify(path, check_hashes=len(kept) < keep_last and path not in verified)
         if not result.ok:
             invalid.append(result)
         elif len(kept) < keep_last:

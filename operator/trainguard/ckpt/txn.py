@@ -9,13 +9,15 @@ Order of operations (the contract in DESIGN.md "Checkpoints")::
     rename .tmp-step-N-<unique>/ -> step-N/
     fsync  the root                       the rename is durable
 
-Every write, fsync and close error propagates (ENOSPC and EIO included): a save that cannot be
-made durable fails loudly and leaves the temporary directory for `abort()` to remove, so the
-previous checkpoint is untouched.
+Large aligned buffers can be written with O_DIRECT (`create(..., direct=True)`), bypassing the
+page cache. Every write, fsync and close error propagates (ENOSPC and EIO included): a save
+that cannot be made durable fails loudly and leaves the temporary directory for `abort()` to
+remove, so the previous checkpoint is untouched.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import time
@@ -29,10 +31,12 @@ from pydantic import JsonValue
 from trainguard.ckpt.hashing import CHUNK_BYTES, DEFAULT_ALGORITHM, new_hasher
 from trainguard.ckpt.layout import (
     DELETING_PREFIX,
+    DIRECT_IO_ALIGN,
     INVALID_PREFIX,
     TMP_PREFIX,
     fsync_path,
     hidden_name,
+    open_direct,
     step_dirname,
 )
 from trainguard.ckpt.manifest import (
@@ -54,10 +58,27 @@ class CheckpointWriteError(RuntimeError):
     """A checkpoint transaction was used out of order."""
 
 
-class HashedFileWriter:
-    """A file of a checkpoint being written: hashes every byte written, fsyncs on close."""
+def buffer_address(view: memoryview) -> int | None:
+    """The memory address of a writable buffer, or None for a read-only or empty one."""
+    if not view or view.readonly:
+        return None
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
-    def __init__(self, txn: CheckpointTransaction, relpath: str, path: Path) -> None:
+
+class HashedFileWriter:
+    """A file of a checkpoint being written: hashes every byte written, fsyncs on close.
+
+    With `direct=True` the writer also opens the file with O_DIRECT, and writes the aligned
+    part of every block-aligned buffer at a block-aligned offset through it: the bytes go from
+    the caller's memory to the device without a copy into the page cache (less CPU and memory
+    traffic taken from training, and a later read-back verification reads the device, not a
+    cached copy). The rest goes through the page cache. Where O_DIRECT is not supported the
+    writer silently uses the page cache for everything.
+    """
+
+    def __init__(
+        self, txn: CheckpointTransaction, relpath: str, path: Path, *, direct: bool = False
+    ) -> None:
         self._txn = txn
         self._relpath = relpath
         self._hasher = new_hasher(txn.algorithm)
@@ -65,30 +86,60 @@ class HashedFileWriter:
         self._fd: int | None = os.open(
             path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE
         )
+        self._direct_fd: int | None = None
+        if direct:
+            try:
+                self._direct_fd = open_direct(path, os.O_WRONLY)
+            except OSError:
+                self.discard()
+                raise
 
-    def write(self, data: Buffer) -> None:
-        """Append all of `data` (any buffer), hashing it chunk by chunk while it is hot in cache."""
-        if self._fd is None:
-            raise CheckpointWriteError(f"{self._relpath} is already closed")
-        view = memoryview(data).cast("B")
+    @property
+    def direct(self) -> bool:
+        """Whether aligned writes bypass the page cache."""
+        return self._direct_fd is not None
+
+    def _write_at(self, fd: int, view: memoryview) -> None:
         for start in range(0, len(view), CHUNK_BYTES):
+            # Hash each chunk just before writing it, while it is still in the CPU caches.
             chunk = view[start : start + CHUNK_BYTES]
             self._hasher.update(chunk)
             while chunk:
-                # os.write may write less than asked (signals, pipes); loop until all is out.
-                written = os.write(self._fd, chunk)
+                # A write may be short (signals, a filling disk); loop until all is out.
+                written = os.pwrite(fd, chunk, self._size)
                 chunk = chunk[written:]
-        self._size += len(view)
+                self._size += written
+
+    def write(self, data: Buffer) -> None:
+        """Append all of `data` (any buffer); see the class docstring for O_DIRECT."""
+        if self._fd is None:
+            raise CheckpointWriteError(f"{self._relpath} is already closed")
+        view = memoryview(data).cast("B")
+        address = buffer_address(view)
+        aligned = 0
+        if (
+            self._direct_fd is not None
+            and address is not None
+            and address % DIRECT_IO_ALIGN == 0
+            and self._size % DIRECT_IO_ALIGN == 0
+        ):
+            aligned = len(view) - len(view) % DIRECT_IO_ALIGN
+            self._write_at(self._direct_fd, view[:aligned])
+        self._write_at(self._fd, view[aligned:])
 
     def close(self) -> FileEntry:
         """Flush to disk (fsync), close, record the file in the transaction; errors propagate."""
         if self._fd is None:
             raise CheckpointWriteError(f"{self._relpath} is already closed")
         fd, self._fd = self._fd, None
+        direct_fd, self._direct_fd = self._direct_fd, None
         try:
+            # One fsync covers the file, whichever descriptor wrote its data.
             os.fsync(fd)
         finally:
             # close() can report a deferred write error too (the incident's corrupt file).
+            if direct_fd is not None:
+                os.close(direct_fd)
             os.close(fd)
         entry = FileEntry(path=self._relpath, size=self._size, hash=self._hasher.hexdigest())
         self._txn._record(entry)
@@ -96,9 +147,10 @@ class HashedFileWriter:
 
     def discard(self) -> None:
         """Close without recording (used when the transaction is being aborted)."""
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
+        for fd in (self._direct_fd, self._fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._direct_fd = None
 
     def __enter__(self) -> HashedFileWriter:
         return self
@@ -159,8 +211,11 @@ class CheckpointTransaction:
         self._subdirs: set[Path] = set()
         self._done = False
 
-    def create(self, relpath: str) -> HashedFileWriter:
-        """Create a new file of the checkpoint (relative path, subdirectories allowed)."""
+    def create(self, relpath: str, *, direct: bool = False) -> HashedFileWriter:
+        """Create a new file of the checkpoint (relative path, subdirectories allowed).
+
+        `direct=True` writes aligned data with O_DIRECT where possible (see HashedFileWriter).
+        """
         self._check_open()
         entry_check = FileEntry(path=relpath, size=0, hash="")  # validates the path
         if entry_check.path in self._entries or relpath in self._open:
@@ -170,7 +225,7 @@ class CheckpointTransaction:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._subdirs.update(p for p in path.parents if self.tmp_dir in p.parents)
         self._open.add(relpath)
-        return HashedFileWriter(self, relpath, path)
+        return HashedFileWriter(self, relpath, path, direct=direct)
 
     def write_file(self, relpath: str, data: Buffer) -> FileEntry:
         """Create, write and close a file in one call."""

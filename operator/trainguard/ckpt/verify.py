@@ -34,11 +34,14 @@ class Verification:
         return self.manifest is not None and not self.reasons
 
 
-def verify(path: str | os.PathLike[str], *, check_hashes: bool = True) -> Verification:
+def verify(
+    path: str | os.PathLike[str], *, check_hashes: bool = True, direct: bool = False
+) -> Verification:
     """Verify one checkpoint directory.
 
     With `check_hashes=False` only the manifest and the file sizes are checked: cheap enough to
-    poll, but it cannot see a flipped byte.
+    poll, but it cannot see a flipped byte. With `direct=True` files are read with O_DIRECT
+    where supported (see `hash_file`): the device's bytes, not the page cache's.
     """
     directory = Path(path)
     step = parse_step_dirname(directory.name)
@@ -56,7 +59,7 @@ def verify(path: str | os.PathLike[str], *, check_hashes: bool = True) -> Verifi
         return Verification(directory, step, None, (f"malformed {MANIFEST_FILENAME}: {detail}",))
     reasons = _manifest_reasons(manifest, step)
     if not reasons:
-        reasons = _file_reasons(directory, manifest, check_hashes=check_hashes)
+        reasons = _file_reasons(directory, manifest, check_hashes=check_hashes, direct=direct)
     return Verification(directory, manifest.step, manifest, tuple(reasons))
 
 
@@ -73,7 +76,9 @@ def _manifest_reasons(manifest: Manifest, dir_step: int | None) -> list[str]:
     return reasons
 
 
-def _file_reasons(directory: Path, manifest: Manifest, *, check_hashes: bool) -> list[str]:
+def _file_reasons(
+    directory: Path, manifest: Manifest, *, check_hashes: bool, direct: bool
+) -> list[str]:
     reasons = []
     for entry in manifest.files:
         file_path = directory / entry.path
@@ -91,7 +96,7 @@ def _file_reasons(directory: Path, manifest: Manifest, *, check_hashes: bool) ->
         if not check_hashes:
             continue
         try:
-            _, digest = hash_file(file_path, manifest.hash_algorithm)
+            _, digest = hash_file(file_path, manifest.hash_algorithm, direct=direct)
         except OSError as error:
             reasons.append(f"{entry.path}: unreadable: {error}")
             continue
