@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from layer_helpers import MIB, Counting, assert_same_checkpoint, save
+from servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
 
-from conftest import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
 from trainguard.agent.layers import COST, Credentials, FileLayer, LayerConfig, LayerError
 from trainguard.agent.remote.base import FINGERPRINTS_FILENAME, RemoteLayer, step_key
 from trainguard.agent.remote.s3 import MIN_PART_BYTES, open_s3

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 from layer_helpers import MIB, Counting, assert_same_checkpoint, save
+from servers import Sshd
 
-from conftest import Sshd
 from trainguard.agent.layers import (
     LayerConfig,
     LayerError,
