@@ -58,7 +58,8 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any
     settings.execution.max_workers = config.workers
     settings.watching.server_timeout = WATCH_TIMEOUT_SECONDS
     settings.networking.request_timeout = WATCH_TIMEOUT_SECONDS + 30
-    memo.kube = Kube.connect(config.kubeconfig, pool_size=config.workers)
+    # The resync loop's threads come on top of kopf's workers.
+    memo.kube = Kube.connect(config.kubeconfig, pool_size=2 * config.workers)
     memo.settings = Settings(config.agent_image, config.network, config.instance)
     memo.records = RunRecords()
     memo.resync = asyncio.create_task(

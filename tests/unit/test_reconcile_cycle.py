@@ -62,6 +62,13 @@ class FakeApi:
         if method == "DELETE":
             self.objects.pop(path, None)
             return {}
+        if method == "GET" and path.endswith("/pods"):
+            run = (query or {})["labelSelector"].removeprefix("trainguard.dev/run=")
+            return {
+                "items": [
+                    p for p in self.pods() if p["metadata"]["labels"]["trainguard.dev/run"] == run
+                ]
+            }
         if method == "POST" and path.endswith("/events"):
             self.events.append(body)
             return body
@@ -156,3 +163,14 @@ def test_an_invalid_spec_is_reported_not_acted_on() -> None:
     assert status["phase"] == "Failed"
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert (failed["status"], failed["reason"]) == ("True", "InvalidSpec")
+
+
+def test_a_lagging_watch_never_makes_the_operator_move_to_the_next_attempt() -> None:
+    # The status says attempt 1 was created, but the watch has not delivered its pod yet:
+    # the operator must find the pod with the apiserver rather than create attempt 2.
+    api = api_with_run()
+    cycle(api)
+    for _ in range(3):
+        outcome = reconcile(api, copy.deepcopy(api.run()), [], SETTINGS, False)  # type: ignore[arg-type]
+        assert outcome.status.attempt == 1
+    assert [p["metadata"]["name"] for p in api.pods()] == ["llm-1"]

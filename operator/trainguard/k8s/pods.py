@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainguard.api.constants import ANNOTATION_SPEC_HASH
+from trainguard.api.constants import ANNOTATION_SPEC_HASH, LABEL_RUN
 from trainguard.build.names import attempt_of
 from trainguard.k8s.client import Kube, KubeError, object_path
 from trainguard.policies.lifecycle import PodView
@@ -49,3 +49,14 @@ def delete_pod(kube: Kube, namespace: str, name: str) -> None:
     except KubeError as err:
         if not err.not_found:
             raise
+
+
+def list_pods(kube: Kube, namespace: str, run: str) -> tuple[PodView, ...]:
+    """The run's pods as the apiserver has them now (not as a watch last reported them)."""
+    answer = kube.request(
+        "GET",
+        object_path("v1", "pods", namespace, None),
+        query={"labelSelector": f"{LABEL_RUN}={run}"},
+    )
+    views = (pod_view(item) for item in answer.get("items") or [])
+    return tuple(view for view in views if view is not None)

@@ -31,7 +31,7 @@ from trainguard.build.serviceaccount import service_account
 from trainguard.k8s import events
 from trainguard.k8s.apply import apply, apply_status
 from trainguard.k8s.client import Kube, KubeError
-from trainguard.k8s.pods import delete_pod
+from trainguard.k8s.pods import delete_pod, list_pods
 from trainguard.k8s.volumes import read_hot_path
 from trainguard.policies import lifecycle
 from trainguard.policies.lifecycle import Decision, PodView
@@ -89,7 +89,15 @@ def reconcile(
         kept = Observed(old.attempt, old.node, old.restarts)
         return Outcome(report(kube, meta, old, state, kept, [], settings.instance), message)
     namespace = run.metadata.namespace or ""
-    decision = lifecycle.decide(run, tuple(pods), spec_hash(run.spec))
+    desired = spec_hash(run.spec)
+    decision = lifecycle.decide(run, tuple(pods), desired)
+    if decision.create and (decision.attempt or 0) > 1:
+        # The pods come from a watch, which can lag behind this operator's own writes under
+        # load: a pod created moments ago may not be listed yet. Before moving to a next
+        # attempt, ask the apiserver itself which pods the run has.
+        decision = lifecycle.decide(
+            run, list_pods(kube, namespace, run.metadata.name or ""), desired
+        )
     placement = None
     if decision.create:
         facts = read_hot_path(kube, namespace, hot_path_claims(run.spec))
