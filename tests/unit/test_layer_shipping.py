@@ -121,3 +121,18 @@ def test_bandwidth_cap_holds_across_layers(tmp_path: Path) -> None:
 def test_rate_limiter_rejects_a_nonsense_cap() -> None:
     with pytest.raises(ValueError):
         RateLimiter(0)
+
+
+def test_a_stopped_shipper_can_be_joined(tmp_path: Path) -> None:
+    # The stop event once shadowed threading.Thread._stop, and join() then raised.
+    layer = SlowLayer("s3")
+    _save(tmp_path, 1)
+    shipper = Shipper(tmp_path, [layer], poll_s=0.05)
+    shipper.start()
+    deadline = time.monotonic() + 5
+    while not layer.stored and time.monotonic() < deadline:
+        time.sleep(0.01)
+    shipper.stop()
+    shipper.join(timeout=5)
+    assert not shipper.is_alive()
+    assert layer.stored == [1]

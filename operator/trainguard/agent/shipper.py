@@ -138,7 +138,7 @@ class Shipper(threading.Thread):
         self._invalid: set[int] = set()
         self._shipped_at: dict[str, float] = {}
         self._retry_at: dict[str, float] = {}
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._wake = threading.Event()
 
     def states(self) -> dict[str, dict[str, Any]]:
@@ -237,7 +237,7 @@ class Shipper(threading.Thread):
 
     def run(self) -> None:
         """Poll L1 and ship until stopped; errors are recorded, never fatal."""
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 self.ship_once()
             except Exception as err:  # keep the shipper alive; the state says what failed
@@ -247,7 +247,7 @@ class Shipper(threading.Thread):
 
     def stop(self) -> None:
         """Stop the loop."""
-        self._stop.set()
+        self._stopping.set()
         self._wake.set()
 
 

@@ -1,0 +1,207 @@
+"""Shipping benchmark: training throughput with L1 plus two remote layers shipping, vs L1 alone.
+
+The training loop is the CPU stand-in of bench/checkpoint.py (matmuls on `--train-threads`
+threads, an accelerator's place) with the harness's CheckpointWriter saving to L1 every K
+steps. Segments run in ABBA order:
+
+- L1 only;
+- L1 plus the agent's Shipper shipping every new checkpoint in the background to an s3://
+  layer (SeaweedFS) and an ssh:// layer (sshd), both real servers on loopback started here
+  (install them with hack/install-test-services.sh), with the shipper's bounded concurrency
+  and an optional bandwidth cap (`--cap-mbps`).
+
+The target is a throughput ratio of at least 0.97. On a small host the servers, the uploads
+and the training loop share the same cores, which a GPU node does not: read the ratio with
+the core count printed beside it. Then each layer's upload throughput: one put of one
+checkpoint, alone. Prints ONE JSON object on stdout; progress goes to stderr.
+
+    python bench/shipping.py --size-mb 256 --segments 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+
+from servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS, Sshd, start_sshd  # noqa: E402
+
+from checkpoint import MATMUL_SIZE, calibrate_step, make_state, progress, timed  # noqa: E402
+from trainguard.agent.layers import (  # noqa: E402
+    Credentials,
+    Layer,
+    LayerConfig,
+    layer_secrets_env,
+)
+from trainguard.agent.remote.s3 import open_s3  # noqa: E402
+from trainguard.agent.remote.ssh import open_ssh  # noqa: E402
+from trainguard.agent.shipper import Shipper  # noqa: E402
+from trainguard.api.constants import (  # noqa: E402
+    SECRET_KEY_S3_ACCESS_KEY_ID,
+    SECRET_KEY_S3_ENDPOINT_URL,
+    SECRET_KEY_S3_SECRET_ACCESS_KEY,
+    SECRET_KEY_SSH_KNOWN_HOSTS,
+    SECRET_KEY_SSH_PRIVATE_KEY,
+)
+from trainguard.ckpt import find_newest_valid  # noqa: E402
+from trainguard_harness.writer import CheckpointWriter  # noqa: E402
+
+MB = 1e6
+BUCKET = "bench"
+
+
+def layers(s3: SeaweedFS, sshd: Sshd, base: Path, prefix: str) -> list[Layer]:
+    """An s3:// and an ssh:// layer under `prefix` (each run of puts gets its own)."""
+    s3_credentials = Credentials(
+        {
+            SECRET_KEY_S3_ACCESS_KEY_ID: S3_ACCESS_KEY,
+            SECRET_KEY_S3_SECRET_ACCESS_KEY: S3_SECRET_KEY,
+            SECRET_KEY_S3_ENDPOINT_URL: s3.endpoint,
+        }
+    )
+    secret = base / "ssh-secret"  # as the operator mounts the layer's Secret
+    secret.mkdir(exist_ok=True)
+    shutil.copy(sshd.client_key, secret / SECRET_KEY_SSH_PRIVATE_KEY)
+    shutil.copy(sshd.known_hosts, secret / SECRET_KEY_SSH_KNOWN_HOSTS)
+    ssh_credentials = Credentials.from_env("ssh", {layer_secrets_env("ssh"): str(secret)})
+    s3_config = LayerConfig("s3", f"s3://{BUCKET}/{prefix}", keep=2)
+    ssh_uri = f"ssh://{sshd.user}@127.0.0.1:{sshd.port}{base / 'ssh-remote' / prefix}"
+    return [
+        open_s3(s3_config, s3_credentials, {}),
+        open_ssh(LayerConfig("ssh", ssh_uri, keep=2), ssh_credentials),
+    ]
+
+
+def segment(
+    run: Callable[[int], None],
+    writer: CheckpointWriter,
+    state: dict[str, Any],
+    *,
+    steps: int,
+    every: int,
+    first_step: int,
+) -> float:
+    """Seconds for `steps` training steps saving every `every` (a pending persist counts)."""
+
+    def loop() -> None:
+        for number in range(first_step, first_step + steps):
+            run(1)
+            if number % every == 0:
+                writer.save(number, state)
+        writer.wait()
+
+    return timed(loop)
+
+
+def upload_rates(layer_list: list[Layer], checkpoint: Path) -> dict[str, float]:
+    """MB/s of one put of `checkpoint` per layer, each alone."""
+    size = sum(p.stat().st_size for p in checkpoint.iterdir())
+    rates = {}
+    for layer in layer_list:
+        seconds = timed(lambda layer=layer: layer.put(checkpoint))
+        rates[layer.config.name] = size / MB / seconds
+        progress(f"upload {layer.config.name}: {size / MB:.0f} MB in {seconds:.2f}s")
+    return rates
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size-mb", type=float, default=256, help="checkpoint state size")
+    parser.add_argument("--step-seconds", type=float, default=0.1, help="training step length")
+    parser.add_argument("--ckpt-every", type=int, default=25, help="K: steps between saves")
+    parser.add_argument("--segment-steps", type=int, default=100, help="steps per segment")
+    parser.add_argument("--segments", type=int, default=2, help="segment pairs (ABBA)")
+    parser.add_argument("--train-threads", type=int, default=1, help="threads of a train step")
+    parser.add_argument("--cap-mbps", type=float, default=0, help="bandwidth cap, 0: none")
+    parser.add_argument("--dir", type=Path, help="where to work (default: a temporary dir)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the servers, run the segments and the upload measurements, print the report."""
+    args = parse_args(argv)
+    base = args.dir or Path(tempfile.mkdtemp(prefix="tg-ship-", dir="/var/tmp"))
+    base.mkdir(parents=True, exist_ok=True)
+    s3 = SeaweedFS(base / "seaweedfs")
+    s3.start()
+    s3.client().create_bucket(Bucket=BUCKET)
+    (base / "sshd").mkdir(exist_ok=True)
+    sshd = start_sshd(base / "sshd")
+    try:
+        torch.set_num_threads(args.train_threads)
+        state = make_state(args.size_mb * MB / 1e9)
+        matmuls = calibrate_step(args.step_seconds)
+        a, b = torch.randn(MATMUL_SIZE, MATMUL_SIZE), torch.randn(MATMUL_SIZE, MATMUL_SIZE)
+
+        def run(count: int) -> None:
+            for _ in range(count * matmuls):
+                torch.mm(a, b)
+
+        l1 = base / "l1"
+        writer = CheckpointWriter(l1, keep_last=2, on_event=lambda e: None)
+        writer.prepare(state)
+        writer.wait()
+        alone: list[float] = []
+        shipping: list[float] = []
+        step = 1
+        for index in range(args.segments * 2):
+            ship = (index % 4) in (1, 2)  # ABBA: L1, ship, ship, L1, ...
+            shipper = None
+            if ship:
+                cap = args.cap_mbps * MB or None
+                shipper = Shipper(
+                    l1, layers(s3, sshd, base, f"seg{index}"), 0.2, bandwidth_bytes_per_s=cap
+                )
+                shipper.start()
+            seconds = segment(
+                run, writer, state, steps=args.segment_steps, every=args.ckpt_every, first_step=step
+            )
+            step += args.segment_steps
+            if shipper is not None:
+                shipper.stop()
+                shipper.join()  # the rest of its upload is not training time
+                shipping.append(seconds)
+                states = shipper.states()
+                progress(f"segment {index}: shipping {seconds:.2f}s, layers {states}")
+            else:
+                alone.append(seconds)
+                progress(f"segment {index}: L1 only {seconds:.2f}s")
+        writer.close()
+        newest = find_newest_valid(l1).newest
+        assert newest is not None
+        rates = upload_rates(layers(s3, sshd, base, "upload"), newest.path)
+        report = {
+            "cores": os.cpu_count(),
+            "checkpoint_mb": args.size_mb,
+            "ckpt_every_steps": args.ckpt_every,
+            "step_seconds": args.step_seconds,
+            "cap_mbps": args.cap_mbps,
+            "throughput_ratio": statistics.median(alone) / statistics.median(shipping),
+            "target_ratio": 0.97,
+            "segment_seconds": {"l1_only": alone, "l1_and_two_layers_shipping": shipping},
+            "upload_mb_per_s": rates,
+        }
+        print(json.dumps(report, indent=1))
+    finally:
+        sshd.stop()
+        s3.kill()
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
