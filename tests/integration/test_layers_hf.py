@@ -83,6 +83,10 @@ def test_weights_sharded_committed_in_batches_verified_and_fetched(
     assert manifest_commit[-1]["value"]["path"].endswith("MANIFEST.json")
     assert layer.steps() == [100]
     assert layer.verify(100) == []
+    # The real client's path: preupload, LFS batch, PUT of each shard, commit.
+    requests = hub.state.requests
+    assert f"POST /{REPO}.git/info/lfs/objects/batch" in requests
+    assert sum(r.startswith("PUT /lfs/") for r in requests) == 2
 
     fetched = layer.fetch(100, tmp_path / "fetched")
     result = verify(fetched)
