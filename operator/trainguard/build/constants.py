@@ -83,4 +83,3 @@ class OperatorReason(StrEnum):
     NETWORK_VOLUME_ON_HOT_PATH = "NetworkVolumeOnHotPath"
     UNSCHEDULABLE = "Unschedulable"
     STARTING = "Starting"
-    WAITING_FOR_PREVIOUS_ATTEMPT = "WaitingForPreviousAttempt"

@@ -1,0 +1,56 @@
+"""The operator's docs name everything the code defines: env contract, network list, flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainguard.api import env
+from trainguard.build.constants import LAYER_PATH_ENV_PREFIX, OperatorReason
+from trainguard.operator_main import _parser
+from trainguard.policies.placement import (
+    DEFAULT_NETWORK_CSI_DRIVERS,
+    NETWORK_NAME_MARKERS,
+    NETWORK_PV_SOURCES,
+)
+
+pytestmark = pytest.mark.unit
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+ENV_CONTRACT = (DOCS / "env-contract.md").read_text()
+OPERATOR = (DOCS / "operator.md").read_text()
+
+
+def test_env_contract_documents_every_variable() -> None:
+    variables = {
+        value
+        for key, value in vars(env).items()
+        if key.isupper() and isinstance(value, str) and value.startswith("TRAINGUARD_")
+    }
+    missing = {v for v in variables if f"`{v}`" not in ENV_CONTRACT}
+    assert not missing
+    assert f"`{LAYER_PATH_ENV_PREFIX}<NAME>`" in ENV_CONTRACT
+
+
+@pytest.mark.parametrize(
+    "name", sorted([*DEFAULT_NETWORK_CSI_DRIVERS, *NETWORK_PV_SOURCES, *NETWORK_NAME_MARKERS])
+)
+def test_network_list_is_documented(name: str) -> None:
+    assert f"`{name}`" in OPERATOR
+
+
+@pytest.mark.parametrize("reason", [r.value for r in OperatorReason])
+def test_operator_reasons_are_documented(reason: str) -> None:
+    assert f"`{reason}`" in OPERATOR
+
+
+def test_every_flag_is_documented() -> None:
+    flags = [
+        option
+        for action in _parser()._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    ]
+    missing = [f for f in flags if f"`{f}" not in OPERATOR]
+    assert not missing
