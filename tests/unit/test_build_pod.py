@@ -82,6 +82,7 @@ def test_minimal_pod_field_by_field() -> None:
     assert spec["serviceAccountName"] == "llm-trainguard"
     assert spec["restartPolicy"] == "Never"
     assert spec["shareProcessNamespace"] is True
+    assert spec["terminationGracePeriodSeconds"] == 120
     assert spec["securityContext"] == {
         "runAsNonRoot": True,
         "seccompProfile": {"type": "RuntimeDefault"},
@@ -323,6 +324,12 @@ def test_remote_layer_volumes_are_mounted_into_the_agent_and_restore_only() -> N
     }
     # The agent finds the volume where it is mounted (the local process nodes rewrite it).
     assert env_of(by_name["agent"])["TRAINGUARD_LAYER_PATH_BACKUP"] == "/mnt/backup/llm"
+
+
+def test_a_deleted_pod_has_time_to_flush_to_a_remote_layer() -> None:
+    remote = {"checkpoints": {"remote": [S3_LAYER], "flushTimeoutSeconds": 300}}
+    assert pod(remote)["spec"]["terminationGracePeriodSeconds"] == 120 + 300
+    assert pod()["spec"]["terminationGracePeriodSeconds"] == 120  # nowhere to flush to
 
 
 def test_layer_path_variable_is_the_one_the_agent_reads() -> None:

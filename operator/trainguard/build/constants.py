@@ -73,8 +73,10 @@ INIT_CPU = "500m"
 INIT_MEMORY = "256Mi"
 INIT_MEMORY_LIMIT = "2Gi"
 
-# Time for the trainer to finish an in-flight checkpoint before SIGKILL.
-TERMINATION_GRACE_SECONDS = 120
+# Time for the trainer to finish an in-flight checkpoint and exit after SIGTERM. With remote
+# layers, the pod's grace period adds spec.checkpoints.flushTimeoutSeconds: the agent, a
+# sidecar stopped after the trainer, flushes the newest L1 checkpoint in that time.
+TRAINER_STOP_SECONDS = 120
 
 
 class OperatorReason(StrEnum):

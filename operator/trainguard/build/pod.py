@@ -42,7 +42,7 @@ from trainguard.build.constants import (
     REMOTE_VOLUME_PREFIX,
     STATE_VOLUME_BYTES,
     SUPERVISOR_COMMAND,
-    TERMINATION_GRACE_SECONDS,
+    TRAINER_STOP_SECONDS,
     Container,
     Volume,
 )
@@ -85,7 +85,7 @@ def training_pod(run: TrainingRun, inputs: PodInputs) -> dict[str, Any]:
         "restartPolicy": "Never",
         "shareProcessNamespace": True,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
         "initContainers": [
             _agent(spec, inputs.agent_image, env_common),
@@ -112,6 +112,17 @@ def training_pod(run: TrainingRun, inputs: PodInputs) -> dict[str, Any]:
         ),
         "spec": pod_spec,
     }
+
+
+def termination_grace_seconds(spec: TrainingRunSpec) -> int:
+    """How long a deleted pod may take to stop: the trainer's exit, then the agent's flush.
+
+    A deliberate deletion (suspend, spec change, reschedule) must not lose the newest L1
+    checkpoint, which dies with an emptyDir: the agent ships it on SIGTERM, bounded by
+    `spec.checkpoints.flushTimeoutSeconds`, when there is a remote layer to ship it to.
+    """
+    flush = spec.checkpoints.flush_timeout_seconds if spec.checkpoints.remote else 0
+    return TRAINER_STOP_SECONDS + flush
 
 
 def layer_path_env(layer: str) -> str:
