@@ -8,8 +8,8 @@
 - `pod_changed` (any event of a run's pod): a cycle of the owning run, so scheduling,
   node and phase reach the status at once.
 
-Cycles are `trainguard.k8s.reconcile.reconcile`; they run in kopf's thread pool (the
-Kubernetes client blocks) and never two at a time for the same run.
+Cycles are `trainguard.k8s.reconcile.reconcile`; they run in a thread pool through
+`asyncio.to_thread` (the Kubernetes client blocks), never two at a time for the same run.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -55,11 +56,14 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING  # our Events tell the story; kopf's only errors
-    settings.execution.max_workers = config.workers
     settings.watching.server_timeout = WATCH_TIMEOUT_SECONDS
     settings.networking.request_timeout = WATCH_TIMEOUT_SECONDS + 30
-    # The resync loop's threads come on top of kopf's workers.
-    memo.kube = Kube.connect(config.kubeconfig, pool_size=2 * config.workers)
+    # Cycles block on the client: they run in this pool (asyncio.to_thread), one API
+    # connection per thread.
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(config.workers, thread_name_prefix="trainguard-cycle")
+    )
+    memo.kube = await asyncio.to_thread(Kube.connect, config.kubeconfig, config.workers)
     memo.settings = Settings(config.agent_image, config.network, config.instance)
     memo.records = RunRecords()
     memo.resync = asyncio.create_task(
@@ -95,13 +99,13 @@ def runs(*, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> obje
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def reconcile_run(
+async def reconcile_run(
     *, body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any
 ) -> None:
     """A full cycle; transient API errors retry after a delay, an invalid spec is permanent."""
     pods = _indexed(kwargs, RUN_PODS, (namespace, name))
     try:
-        outcome = _cycle(memo, dict(body), pods, full=True)
+        outcome = await asyncio.to_thread(_cycle, memo, dict(body), pods, True)
     except KubeError as err:
         if err.transient:
             raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_SECONDS) from err
@@ -111,15 +115,18 @@ def reconcile_run(
 
 
 @kopf.on.event("pods", labels=OUR_PODS)
-def pod_changed(*, namespace: str | None, labels: kopf.Labels, memo: Any, **kwargs: Any) -> None:
+async def pod_changed(
+    *, namespace: str | None, labels: kopf.Labels, memo: Any, **kwargs: Any
+) -> None:
     """A cycle of the run that owns the pod (errors are retried by the resync)."""
     key = (namespace, labels[LABEL_RUN])
     for body in _indexed(kwargs, RUNS, key):
-        _cycle_logged(memo, body, _indexed(kwargs, RUN_PODS, key))
+        await asyncio.to_thread(_cycle_logged, memo, body, _indexed(kwargs, RUN_PODS, key))
 
 
 def _indexed(indices: dict[str, Any], index: str, key: tuple[str | None, str]) -> list[Any]:
-    # kopf passes each index as a keyword argument named after its function.
+    # kopf passes each index as a keyword argument named after its function. The copy is
+    # taken here, on the event loop that updates the indexes, before a cycle's thread runs.
     return list(indices[index].get(key, []))
 
 
@@ -147,12 +154,16 @@ async def _resync(
 ) -> None:
     while True:
         await asyncio.sleep(every)
-        for key in list(runs):
-            for body in list(runs.get(key, [])):
-                await asyncio.to_thread(_cycle_logged, memo, body, list(run_pods.get(key, [])))
-        memo.records.forget_all_but(
-            {b["metadata"]["uid"] for k in list(runs) for b in runs.get(k, [])}
-        )
+        try:
+            for key in list(runs):
+                for body in list(runs.get(key, [])):
+                    pods = list(run_pods.get(key, []))
+                    await asyncio.to_thread(_cycle_logged, memo, body, pods)
+            memo.records.forget_all_but(
+                {b["metadata"]["uid"] for k in list(runs) for b in runs.get(k, [])}
+            )
+        except Exception:  # the loop must outlive any one bad pass
+            log.exception("resync pass failed")
 
 
 class RunRecord:

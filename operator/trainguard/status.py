@@ -16,9 +16,9 @@ from datetime import datetime
 from trainguard.api import Condition, TrainingRunStatus
 from trainguard.api.constants import ConditionStatus, ConditionType, Phase
 
-# Events carry messages under 1 KiB (kubectl describe stays readable); conditions may hold
-# more, but the apiserver's bound is far above anything useful.
-MAX_EVENT_MESSAGE = 1000
+# Events carry messages under 1 KiB of UTF-8 (kubectl describe stays readable); conditions
+# may hold more, but the apiserver's bound is far above anything useful.
+MAX_EVENT_BYTES = 1000
 MAX_CONDITION_MESSAGE = 4000
 ELLIPSIS = "..."
 
@@ -82,6 +82,14 @@ class EventSpec:
 def shorten(text: str, limit: int) -> str:
     """Text cut to at most `limit` characters, marked when cut."""
     return text if len(text) <= limit else text[: limit - len(ELLIPSIS)] + ELLIPSIS
+
+
+def shorten_bytes(text: str, limit: int) -> str:
+    """Text cut to at most `limit` bytes of UTF-8 (never inside a character), marked when cut."""
+    encoded = text.encode()
+    if len(encoded) <= limit:
+        return text
+    return encoded[: limit - len(ELLIPSIS)].decode(errors="ignore") + ELLIPSIS
 
 
 def find(conditions: Iterable[Condition], kind: str) -> Condition | None:
@@ -182,4 +190,4 @@ def transition_events(
     if state_reason(old) != state.reason:
         events.append(EventSpec(state.reason, state.message, state.warning))
     events.extend(extra)
-    return [replace(e, message=shorten(e.message, MAX_EVENT_MESSAGE)) for e in events]
+    return [replace(e, message=shorten_bytes(e.message, MAX_EVENT_BYTES)) for e in events]

@@ -9,7 +9,7 @@ import pytest
 from trainguard.api import Condition, TrainingRunStatus
 from trainguard.api.constants import ConditionStatus, Phase
 from trainguard.status import (
-    MAX_EVENT_MESSAGE,
+    MAX_EVENT_BYTES,
     EventSpec,
     Observed,
     RunState,
@@ -135,8 +135,9 @@ def test_events_follow_changes_of_the_states_reason() -> None:
     assert transition_events(before, unschedulable) == [EventSpec("Unschedulable", "no node", True)]
 
 
-def test_event_messages_stay_under_one_kibibyte() -> None:
-    [event] = transition_events(TrainingRunStatus(), RunState("Unschedulable", "x" * 5000))
-    assert len(event.message) <= MAX_EVENT_MESSAGE < 1024
+@pytest.mark.parametrize("text", ["x" * 5000, "ü" * 5000, "volume /données/" * 400])
+def test_event_messages_stay_under_one_kibibyte(text: str) -> None:
+    [event] = transition_events(TrainingRunStatus(), RunState("Unschedulable", text))
+    assert len(event.message.encode()) <= MAX_EVENT_BYTES < 1024
     assert event.message.endswith("...")
     assert shorten("short", 10) == "short"
