@@ -31,4 +31,8 @@ else
 fi
 
 bash hack/build-control-plane.sh >/dev/null
-log "control-plane binaries: $(ls .cache/bin | grep -c -- '-v') cached in .cache/bin"
+# The Argo CD health check's test runner (gopher-lua) and the servers the remote-layer
+# tests run against (sshd from Debian, SeaweedFS built from its pinned Go module).
+bash hack/build-luahealth.sh >/dev/null
+bash hack/install-test-services.sh >/dev/null
+log "binaries: $(ls .cache/bin | grep -c -- '-v') cached in .cache/bin"
