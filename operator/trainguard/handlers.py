@@ -36,6 +36,7 @@ OUR_PODS: dict[str, Any] = {
     LABEL_RUN: kopf.PRESENT,
     LABEL_MANAGED_BY: MANAGED_BY,
 }
+POD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_RUN}"
 # Names of the indexes, as kopf passes them to handlers.
 RUN_PODS = "run_pods"
 RUNS = "runs"
@@ -56,6 +57,8 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING  # our Events tell the story; kopf's only errors
+    # Only the operator's own pods travel: the apiserver filters the watch, not this process.
+    settings.watching.label_selectors["v1", "pods"] = POD_SELECTOR
     settings.watching.server_timeout = WATCH_TIMEOUT_SECONDS
     settings.networking.request_timeout = WATCH_TIMEOUT_SECONDS + 30
     # Cycles block on the client: they run in this pool (asyncio.to_thread), one API
