@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -62,10 +63,17 @@ def test_put_verify_list_prune_fetch_restore(sshd: Sshd, tmp_path: Path) -> None
 def test_dropped_connection_resumes_at_the_offset(sshd: Sshd, tmp_path: Path) -> None:
     checkpoint = save(tmp_path / "l1", 3, model_bytes=12 * MIB)
     layer = _layer(sshd, tmp_path)
-    drop = Counting(after=4 * MIB, action=lambda: assert_dropped(sshd))
-    with pytest.raises(LayerError):
-        layer.put(checkpoint, drop)
     partial = tmp_path / "remote" / step_dirname(3) / f"model.safetensors{PARTIAL_SUFFIX}"
+
+    def drop_once_data_landed() -> None:
+        # Writes are pipelined: wait until the server has stored some, then cut the line.
+        deadline = time.monotonic() + 10
+        while not (partial.exists() and partial.stat().st_size) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sshd.drop_connections() > 0
+
+    with pytest.raises(LayerError):
+        layer.put(checkpoint, Counting(after=4 * MIB, action=drop_once_data_landed))
     offset = partial.stat().st_size
     assert 0 < offset < 12 * MIB
 
@@ -76,10 +84,6 @@ def test_dropped_connection_resumes_at_the_offset(sshd: Sshd, tmp_path: Path) ->
     assert layer.steps() == [3]
     assert not partial.exists()
     assert_same_checkpoint(checkpoint, layer.fetch(3, tmp_path / "fetched"))
-
-
-def assert_dropped(server: Sshd) -> None:
-    assert server.drop_connections() > 0
 
 
 def test_corrupt_remote_file_is_seen_by_the_remote_hash(sshd: Sshd, tmp_path: Path) -> None:
