@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 FAKE_TRAINER = textwrap.dedent(
     """
     import faulthandler, json, os, signal, sys, time
-    path, stacks, step = sys.argv[1], open(sys.argv[2], "w"), 0
+    path, step = sys.argv[1], 0
+    stacks = open(sys.argv[2].format(pid=os.getpid()), "w")
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
 
     def train_one_step():
@@ -73,7 +74,7 @@ def trainer(workdir: Path) -> Iterator[subprocess.Popen[bytes]]:
             sys.executable,
             str(script),
             str(workdir / "state" / env.HEARTBEAT_FILENAME),
-            str(workdir / "state" / env.STACKS_FILENAME),
+            str(workdir / "state" / env.STACKS_FILENAME_PATTERN),
         ],
         env=env_vars,
     )

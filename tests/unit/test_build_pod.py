@@ -143,7 +143,6 @@ def test_every_container_gets_the_whole_env_contract() -> None:
     assert values[env.CKPT_BYTES] == str(16 * 10**9)
     assert values[env.HEARTBEAT_FILE] == "/trainguard/state/heartbeat.json"
     assert values[env.GPU_FILE] == "/trainguard/state/gpu.json"
-    assert values[env.STACKS_FILE] == "/trainguard/state/stacks.txt"
     assert values[env.LOG_FILE] == "/trainguard/logs/trainer.log"
     assert values[env.KEEP_LAST] == "2"
     assert values[env.CKPT_EVERY_STEPS] == "50"

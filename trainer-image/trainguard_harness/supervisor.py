@@ -38,6 +38,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from trainguard.api import env
+from trainguard_harness.gpu_publisher import GpuPublisher
 from trainguard_harness.settings import HarnessSettings
 
 STATE_RUNNING = "running"
@@ -150,6 +152,11 @@ class Supervisor:
         self._kill_at: float | None = None
         self._wake = threading.Event()
 
+    def child_alive(self) -> bool:
+        """True while a training process runs."""
+        child = self.child
+        return child is not None and child.poll() is None
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
         if self.terminating is None:
@@ -235,6 +242,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=Path,
         help="default: supervisor.json next to the heartbeat (TRAINGUARD_HEARTBEAT_FILE)",
     )
+    parser.add_argument(
+        "--gpu-file",
+        type=Path,
+        help="where to publish GPU readings each second (default: TRAINGUARD_GPU_FILE, "
+        "else gpu.json in the state dir)",
+    )
+    parser.add_argument("--no-gpu", action="store_true", help="do not publish GPU readings")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -261,7 +275,19 @@ def main(argv: list[str]) -> int:
         backoff_max=args.backoff_max,
         grace_period=args.grace_period,
     )
-    return supervisor.run()
+    publisher = None
+    if not args.no_gpu:
+        settings = HarnessSettings.from_env()
+        gpu_file = args.gpu_file or Path(
+            os.environ.get(env.GPU_FILE) or settings.state_dir / env.GPU_FILENAME
+        )
+        publisher = GpuPublisher(gpu_file, supervisor.child_alive)
+        publisher.start()
+    try:
+        return supervisor.run()
+    finally:
+        if publisher is not None:
+            publisher.stop()
 
 
 if __name__ == "__main__":

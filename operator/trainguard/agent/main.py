@@ -76,7 +76,10 @@ class Paths:
     gpu: Path
     l1: Path
     log: Path | None
-    stacks: Path
+
+    def stacks(self, pid: int) -> Path:
+        """Where the harness dumps the stacks of trainer process `pid`."""
+        return self.state / env.STACKS_FILENAME_PATTERN.format(pid=pid)
 
     @classmethod
     def from_env(cls, environ: dict[str, str]) -> Paths:
@@ -88,7 +91,6 @@ class Paths:
             gpu=Path(environ.get(env.GPU_FILE, str(state / env.GPU_FILENAME))),
             l1=Path(environ.get(env.L1_DIR, env.DEFAULT_L1_DIR)),
             log=Path(environ[env.LOG_FILE]) if environ.get(env.LOG_FILE) else None,
-            stacks=Path(environ.get(env.STACKS_FILE, str(state / env.STACKS_FILENAME))),
         )
 
 
@@ -160,7 +162,7 @@ class Agent:
         pid = self.collector.pid
         if verdict.name == HUNG and pid is not None and pid != self.killed_pid:
             self.killed_pid = pid
-            dump = dump_stacks_and_kill(pid, self.paths.stacks)
+            dump = dump_stacks_and_kill(pid, self.paths.stacks(pid))
             log(f"stacks of hung trainer pid {pid}:\n{dump}")
             self.pending_events.append(("HungTrainerStacks", dump[-900:], True))
         self.verdict = verdict

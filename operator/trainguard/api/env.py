@@ -26,7 +26,6 @@ spell the strings elsewhere.
 | TRAINGUARD_LEASE_NAME | the run's heartbeat Lease (`<run>-heartbeat`) |
 | TRAINGUARD_MONITOR | the run's `spec.monitor`, as JSON (camelCase keys, as in the API) |
 | TRAINGUARD_LAYERS | the run's remote layers (`spec.checkpoints.layers`), as a JSON list |
-| TRAINGUARD_STACKS_FILE | where the harness's faulthandler writes stack dumps (state dir) |
 | TRAINGUARD_DATA_SOURCE | data source of `stage-data`: a directory (source PVC mount) or URI |
 | TRAINGUARD_DATA_BYTES | expected size of the staged data, bytes (`preflight` free space) |
 | TRAINGUARD_CKPT_BYTES | size of one full checkpoint, bytes (`preflight` test file, free space) |
@@ -53,7 +52,6 @@ POD_NAME = "TRAINGUARD_POD_NAME"
 LEASE_NAME = "TRAINGUARD_LEASE_NAME"
 MONITOR = "TRAINGUARD_MONITOR"
 LAYERS = "TRAINGUARD_LAYERS"
-STACKS_FILE = "TRAINGUARD_STACKS_FILE"
 DATA_SOURCE = "TRAINGUARD_DATA_SOURCE"
 DATA_BYTES = "TRAINGUARD_DATA_BYTES"
 CKPT_BYTES = "TRAINGUARD_CKPT_BYTES"
@@ -65,5 +63,6 @@ DEFAULT_STATE_DIR = "/trainguard/state"
 HEARTBEAT_FILENAME = "heartbeat.json"
 GPU_FILENAME = "gpu.json"
 LOG_FILENAME = "trainer.log"
-STACKS_FILENAME = "stacks.txt"
+# Stack dumps of one trainer process (faulthandler on SIGUSR1), in the state dir.
+STACKS_FILENAME_PATTERN = "stacks-{pid}.txt"
 SUPERVISOR_FILENAME = "supervisor.json"

@@ -145,7 +145,6 @@ def contract_env(run: TrainingRun, attempt: int) -> list[dict[str, Any]]:
         env.STATE_DIR: state,
         env.HEARTBEAT_FILE: f"{state}/{env.HEARTBEAT_FILENAME}",
         env.GPU_FILE: f"{state}/{env.GPU_FILENAME}",
-        env.STACKS_FILE: f"{state}/{env.STACKS_FILENAME}",
         env.LOG_FILE: f"{LOG_DIR}/{env.LOG_FILENAME}",
         env.KEEP_LAST: str(spec.checkpoints.l1.keep_last),
         env.CKPT_EVERY_STEPS: str(spec.checkpoints.every_steps),

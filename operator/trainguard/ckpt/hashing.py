@@ -26,6 +26,8 @@ XXH3_128 = "xxh3-128"
 BLAKE3 = "blake3"
 SHA256 = "sha256"
 DEFAULT_ALGORITHM = XXH3_128
+# Names the TrainingRun API uses for the same algorithms (spec.checkpoints.hashAlgorithm).
+ALIASES = {"xxh3": XXH3_128}
 
 # Large enough to amortise the per-call cost, small enough to stay in the CPU caches.
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -58,8 +60,14 @@ def available_algorithms() -> tuple[str, ...]:
     return tuple(names)
 
 
+def canonical_algorithm(algorithm: str) -> str:
+    """The name a manifest records for `algorithm` (API aliases resolved)."""
+    return ALIASES.get(algorithm, algorithm)
+
+
 def new_hasher(algorithm: str) -> Hasher:
-    """Return a fresh incremental hasher for `algorithm`."""
+    """Return a fresh incremental hasher for `algorithm` (an API alias is accepted)."""
+    algorithm = canonical_algorithm(algorithm)
     if algorithm == XXH3_128:
         return xxhash.xxh3_128()
     if algorithm == SHA256:

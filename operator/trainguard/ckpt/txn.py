@@ -28,7 +28,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import JsonValue
 
-from trainguard.ckpt.hashing import CHUNK_BYTES, DEFAULT_ALGORITHM, new_hasher
+from trainguard.ckpt.hashing import (
+    CHUNK_BYTES,
+    DEFAULT_ALGORITHM,
+    canonical_algorithm,
+    new_hasher,
+)
 from trainguard.ckpt.layout import (
     DELETING_PREFIX,
     DIRECT_IO_ALIGN,
@@ -200,7 +205,7 @@ class CheckpointTransaction:
         self.root = Path(root)
         self.step = step
         self.contents = contents
-        self.algorithm = algorithm
+        self.algorithm = canonical_algorithm(algorithm)
         self.metadata: dict[str, JsonValue] = dict(metadata or {})
         self.target = self.root / step_dirname(step)
         self.root.mkdir(parents=True, exist_ok=True)
