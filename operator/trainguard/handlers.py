@@ -7,6 +7,9 @@
 - `reconcile_run` (resume, create, spec update): a full cycle, companions re-applied.
 - `pod_changed` (any event of a run's pod): a cycle of the owning run, so scheduling,
   node and phase reach the status at once.
+- `run_leases` (index): each run's heartbeat Lease as the agent last renewed it.
+- `lease_changed` (any event of a heartbeat Lease): a cycle at once when the agent's verdict
+  turns to a failure the status does not show yet; other renewals wait for the resync.
 
 Cycles are `trainguard.k8s.reconcile.reconcile`; they run in a thread pool through
 `asyncio.to_thread` (the Kubernetes client blocks), never two at a time for the same run.
@@ -24,12 +27,25 @@ from typing import Any
 import kopf
 
 from trainguard.api import TrainingRunStatus
-from trainguard.api.constants import GROUP, LABEL_MANAGED_BY, LABEL_RUN, MANAGED_BY, PLURAL, VERSION
+from trainguard.api.constants import (
+    COMPONENT_HEARTBEAT,
+    GROUP,
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_RUN,
+    MANAGED_BY,
+    PLURAL,
+    VERSION,
+    Verdict,
+)
 from trainguard.k8s.client import Kube, KubeError
+from trainguard.k8s.leases import lease_view
 from trainguard.k8s.pods import pod_view
 from trainguard.k8s.reconcile import Outcome, Settings, reconcile
 from trainguard.operator_config import OperatorConfig
+from trainguard.policies import signals
 from trainguard.policies.lifecycle import PodView
+from trainguard.policies.signals import LeaseView
 
 log = logging.getLogger(__name__)
 OUR_PODS: dict[str, Any] = {
@@ -37,9 +53,13 @@ OUR_PODS: dict[str, Any] = {
     LABEL_MANAGED_BY: MANAGED_BY,
 }
 POD_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_RUN}"
+OUR_LEASES: dict[str, Any] = {**OUR_PODS, LABEL_COMPONENT: COMPONENT_HEARTBEAT}
+LEASE_SELECTOR = f"{POD_SELECTOR},{LABEL_COMPONENT}={COMPONENT_HEARTBEAT}"
+LEASES = ("coordination.k8s.io", "v1", "leases")
 # Names of the indexes, as kopf passes them to handlers.
 RUN_PODS = "run_pods"
 RUNS = "runs"
+RUN_LEASES = "run_leases"
 # kopf's own annotations on a run (retry progress, last handled spec) use our prefix.
 ANNOTATION_PREFIX = GROUP
 RETRY_DELAY_SECONDS = 5.0
@@ -59,6 +79,7 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any
     settings.posting.level = logging.WARNING  # our Events tell the story; kopf's only errors
     # Only the operator's own pods travel: the apiserver filters the watch, not this process.
     settings.watching.label_selectors["v1", "pods"] = POD_SELECTOR
+    settings.watching.label_selectors["coordination.k8s.io", "leases"] = LEASE_SELECTOR
     settings.watching.server_timeout = WATCH_TIMEOUT_SECONDS
     settings.networking.request_timeout = WATCH_TIMEOUT_SECONDS + 30
     # Cycles block on the client: they run in this pool (asyncio.to_thread), one API
@@ -70,7 +91,7 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any
     memo.settings = Settings(config.agent_image, config.network, config.instance)
     memo.records = RunRecords()
     memo.resync = asyncio.create_task(
-        _resync(memo, kwargs[RUNS], kwargs[RUN_PODS], config.resync_seconds)
+        _resync(memo, kwargs[RUNS], kwargs[RUN_PODS], kwargs[RUN_LEASES], config.resync_seconds)
     )
 
 
@@ -99,6 +120,12 @@ def runs(*, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> obje
     return {(namespace, name): dict(body)}
 
 
+@kopf.index(*LEASES, labels=OUR_LEASES)
+def run_leases(*, body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> object:
+    """Heartbeat Leases by (namespace, run): the agent's latest signals."""
+    return {(namespace, labels[LABEL_RUN]): lease_view(dict(body))}
+
+
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
@@ -108,7 +135,8 @@ async def reconcile_run(
     """A full cycle; transient API errors retry after a delay, an invalid spec is permanent."""
     pods = _indexed(kwargs, RUN_PODS, (namespace, name))
     try:
-        outcome = await asyncio.to_thread(_cycle, memo, dict(body), pods, True)
+        lease = _lease(kwargs, (namespace, name))
+        outcome = await asyncio.to_thread(_cycle, memo, dict(body), pods, lease, True)
     except KubeError as err:
         if err.transient:
             raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_SECONDS) from err
@@ -124,7 +152,25 @@ async def pod_changed(
     """A cycle of the run that owns the pod (errors are retried by the resync)."""
     key = (namespace, labels[LABEL_RUN])
     for body in _indexed(kwargs, RUNS, key):
-        await asyncio.to_thread(_cycle_logged, memo, body, _indexed(kwargs, RUN_PODS, key))
+        pods = _indexed(kwargs, RUN_PODS, key)
+        await asyncio.to_thread(_cycle_logged, memo, body, pods, _lease(kwargs, key))
+
+
+@kopf.on.event(*LEASES, labels=OUR_LEASES)
+async def lease_changed(
+    *, body: kopf.Body, namespace: str | None, labels: kopf.Labels, memo: Any, **kwargs: Any
+) -> None:
+    """A cycle of the run at once when the agent reports a failure the status does not show."""
+    key = (namespace, labels[LABEL_RUN])
+    lease = lease_view(dict(body))
+    for run in _indexed(kwargs, RUNS, key):
+        if signals.urgent(lease, memo.records.get(run["metadata"]["uid"]).verdict(run)):
+            pods = _indexed(kwargs, RUN_PODS, key)
+            await asyncio.to_thread(_cycle_logged, memo, run, pods, lease)
+
+
+def _lease(indices: dict[str, Any], key: tuple[str | None, str]) -> LeaseView | None:
+    return next(iter(_indexed(indices, RUN_LEASES, key)), None)
 
 
 def _indexed(indices: dict[str, Any], index: str, key: tuple[str | None, str]) -> list[Any]:
@@ -133,17 +179,25 @@ def _indexed(indices: dict[str, Any], index: str, key: tuple[str | None, str]) -
     return list(indices[index].get(key, []))
 
 
-def _cycle(memo: Any, body: dict[str, Any], pods: Iterable[PodView], full: bool) -> Outcome:
+def _cycle(
+    memo: Any,
+    body: dict[str, Any],
+    pods: Iterable[PodView],
+    lease: LeaseView | None,
+    full: bool,
+) -> Outcome:
     record: RunRecord = memo.records.get(body["metadata"]["uid"])
     with record.lock:
-        outcome = reconcile(memo.kube, body, list(pods), memo.settings, full, record.status)
+        outcome = reconcile(memo.kube, body, list(pods), memo.settings, full, record.status, lease)
         record.status = outcome.status
         return outcome
 
 
-def _cycle_logged(memo: Any, body: dict[str, Any], pods: Iterable[PodView]) -> None:
+def _cycle_logged(
+    memo: Any, body: dict[str, Any], pods: Iterable[PodView], lease: LeaseView | None
+) -> None:
     try:
-        _cycle(memo, body, pods, full=False)
+        _cycle(memo, body, pods, lease, full=False)
     except Exception:
         meta = body.get("metadata", {})
         log.exception("cycle of %s/%s failed", meta.get("namespace"), meta.get("name"))
@@ -153,6 +207,7 @@ async def _resync(
     memo: Any,
     runs: kopf.Index[Any, dict[str, Any]],
     run_pods: kopf.Index[Any, PodView],
+    run_leases: kopf.Index[Any, LeaseView],
     every: float,
 ) -> None:
     while True:
@@ -161,7 +216,8 @@ async def _resync(
             for key in list(runs):
                 for body in list(runs.get(key, [])):
                     pods = list(run_pods.get(key, []))
-                    await asyncio.to_thread(_cycle_logged, memo, body, pods)
+                    lease = next(iter(run_leases.get(key, [])), None)
+                    await asyncio.to_thread(_cycle_logged, memo, body, pods, lease)
             memo.records.forget_all_but(
                 {b["metadata"]["uid"] for k in list(runs) for b in runs.get(k, [])}
             )
@@ -175,6 +231,11 @@ class RunRecord:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.status: TrainingRunStatus | None = None
+
+    def verdict(self, body: dict[str, Any]) -> Verdict | None:
+        """The verdict in the status this operator wrote last, else in the run as watched."""
+        status = self.status or TrainingRunStatus.from_object(body.get("status") or {})
+        return status.verdict
 
 
 class RunRecords:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from trainguard.api import Condition, TrainingRunStatus
-from trainguard.api.constants import ConditionStatus, ConditionType, Phase
+from trainguard.api.constants import ConditionStatus, ConditionType, Phase, Verdict
 
 # Events carry messages under 1 KiB of UTF-8 (kubectl describe stays readable); conditions
 # may hold more, but the apiserver's bound is far above anything useful.
@@ -68,6 +68,10 @@ class Observed:
     node: str | None = None
     restarts: int = 0
     started: bool = False
+    # The agent's signals; None keeps what the status holds (no Lease read this cycle).
+    verdict: Verdict | None = None
+    step: int | None = None
+    checkpoint_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,13 @@ def advance(
             "attempt": observed.attempt,
             "node": observed.node,
             "restarts": observed.restarts,
+            "verdict": observed.verdict or old.verdict,
+            "step": old.step if observed.step is None else observed.step,
+            "checkpoint_step": (
+                old.checkpoint_step
+                if observed.checkpoint_step is None
+                else observed.checkpoint_step
+            ),
             "start_time": old.start_time or (now if observed.started else None),
             "completion_time": old.completion_time
             or (now if state.complete or state.failed else None),

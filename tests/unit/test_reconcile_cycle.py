@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 from run_factory import NAMESPACE, UID, make_run
 
+from trainguard.api.constants import Verdict
 from trainguard.k8s.pods import pod_view
 from trainguard.k8s.reconcile import Settings, reconcile
 from trainguard.policies.lifecycle import PodView
 from trainguard.policies.placement import NetworkList
+from trainguard.policies.signals import LeaseView
 
 pytestmark = pytest.mark.unit
 
@@ -174,3 +176,13 @@ def test_a_lagging_watch_never_makes_the_operator_move_to_the_next_attempt() -> 
         outcome = reconcile(api, copy.deepcopy(api.run()), [], SETTINGS, False)  # type: ignore[arg-type]
         assert outcome.status.attempt == 1
     assert [p["metadata"]["name"] for p in api.pods()] == ["llm-1"]
+
+
+def test_the_lease_signals_reach_the_status_and_stay_without_a_lease() -> None:
+    api = api_with_run()
+    signals = LeaseView(Verdict.DEAD, step=120, saved_step=100)
+    reconcile(api, copy.deepcopy(api.run()), [], SETTINGS, True, lease=signals)  # type: ignore[arg-type]
+    status = api.run()["status"]
+    assert (status["verdict"], status["step"], status["checkpointStep"]) == ("Dead", 120, 100)
+    cycle(api, full=False)  # no Lease in this cycle's view: the status keeps the signals
+    assert api.run()["status"]["verdict"] == "Dead"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +36,7 @@ from trainguard.k8s.volumes import read_hot_path
 from trainguard.policies import lifecycle
 from trainguard.policies.lifecycle import Decision, PodView
 from trainguard.policies.placement import NetworkList, PlacementDecision, guard, hot_path_claims
+from trainguard.policies.signals import LeaseView
 from trainguard.status import EventSpec, Observed, RunState, advance, changed, transition_events
 
 log = logging.getLogger(__name__)
@@ -71,13 +72,15 @@ def reconcile(
     settings: Settings,
     full: bool,
     written: TrainingRunStatus | None = None,
+    lease: LeaseView | None = None,
 ) -> Outcome:
     """Converge one run.
 
     `full` re-applies the companions even when no pod is created (on create, on a spec
     change and when the operator starts), which repairs drift in them. `written` is the
     status this operator wrote last for the run: only the operator writes status, so it is
-    never older than the body's, which a watch may not have delivered yet.
+    never older than the body's, which a watch may not have delivered yet. `lease` is the
+    run's heartbeat Lease as last seen: its verdict and steps go to the status.
     """
     old = written or TrainingRunStatus.from_object(body.get("status") or {})
     try:
@@ -108,11 +111,19 @@ def reconcile(
         run.metadata,
         old,
         lifecycle.state(run, decision, placement),
-        lifecycle.observed(run, decision, placement),
+        _with_signals(lifecycle.observed(run, decision, placement), lease),
         lifecycle.extra_events(decision, placement),
         settings.instance,
     )
     return Outcome(status)
+
+
+def _with_signals(observed: Observed, lease: LeaseView | None) -> Observed:
+    if lease is None:
+        return observed
+    return replace(
+        observed, verdict=lease.verdict, step=lease.step, checkpoint_step=lease.saved_step
+    )
 
 
 def converge(
