@@ -1,6 +1,11 @@
-"""The escalation ladder on the local control plane: the agent's verdicts reach the status.
+"""The escalation ladder on the local control plane: verdicts -> status -> actions.
 
-The agent is simulated by annotating the run's heartbeat Lease as it would at a renewal.
+The agent's verdicts reach the status, and the operator restarts in place, moves the run off
+a sick node, or stops it.
+
+The agent is simulated by writing the run's heartbeat Lease as it would at a renewal (its
+holder is the pod, its annotations the verdict, steps and evidence). The runs are pinned to
+two kwok nodes of the test's own, deleted afterwards.
 """
 
 from __future__ import annotations
@@ -10,7 +15,17 @@ import time
 from typing import Any
 
 import pytest
-from operator_proc import OperatorProcess, apply, eventually, example, get_json, pinned
+from operator_proc import (
+    OperatorProcess,
+    apply,
+    condition,
+    events_of,
+    eventually,
+    example,
+    get_json,
+    pinned,
+    pods_of,
+)
 
 from trainguard.devcluster.cluster import Cluster
 
@@ -25,13 +40,44 @@ def _status(cluster: Cluster, namespace: str) -> dict[str, Any]:
     return status
 
 
-def _renew(cluster: Cluster, namespace: str, verdict: str, step: int, saved: int) -> None:
+def _renew(
+    cluster: Cluster, namespace: str, verdict: str, step: int, saved: int, pod: str = "minimal-1"
+) -> None:
     evidence = json.dumps({"reason": f"simulated {verdict}"}, separators=(",", ":"))
+    annotations = {
+        "trainguard.dev/verdict": verdict,
+        "trainguard.dev/step": str(step),
+        "trainguard.dev/saved-step": str(saved),
+        "trainguard.dev/evidence": evidence,
+    }
+    patch = {"metadata": {"annotations": annotations}, "spec": {"holderIdentity": pod}}
     cluster.kubectl(
-        "annotate", "--overwrite", "lease", "minimal-heartbeat", "-n", namespace,
-        f"trainguard.dev/verdict={verdict}", f"trainguard.dev/step={step}",
-        f"trainguard.dev/saved-step={saved}", f"trainguard.dev/evidence={evidence}",
+        "patch", "lease", "minimal-heartbeat", "-n", namespace, "--type=merge",
+        "-p", json.dumps(patch),
     )  # fmt: skip
+
+
+def _start(cluster: Cluster, namespace: str, pool: str, **recovery: Any) -> dict[str, Any]:
+    run = pinned(example("minimal"), pool)
+    run["spec"]["recovery"] = recovery
+    apply(cluster, namespace, run)
+    eventually(
+        lambda: _status(cluster, namespace).get("phase") == "Running", 60, "the run to be Running"
+    )
+    return _status(cluster, namespace)
+
+
+def _pods(cluster: Cluster, namespace: str) -> dict[str, str | None]:
+    return {
+        p["metadata"]["name"]: p["spec"].get("nodeName")
+        for p in pods_of(cluster, namespace, "minimal")
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def _taints(cluster: Cluster, node: str) -> list[dict[str, Any]]:
+    taints: list[dict[str, Any]] = get_json(cluster, "node", node)["spec"].get("taints") or []
+    return taints
 
 
 def test_a_failure_verdict_reaches_the_status_at_once(
@@ -48,3 +94,79 @@ def test_a_failure_verdict_reaches_the_status_at_once(
     assert time.monotonic() - start < 2.5  # the resync runs every 3 s
     status = _status(cluster, namespace)
     assert (status["step"], status["checkpointStep"]) == (120, 100)
+
+
+def test_ghost_memory_taints_the_node_and_moves_the_run_elsewhere(
+    cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
+) -> None:
+    sick = _start(cluster, namespace, node_pool)["node"]
+    _renew(cluster, namespace, "GhostMemory", 120, 100)
+    eventually(lambda: "minimal-2" in _pods(cluster, namespace), 30, "attempt 2")
+    status = eventually(
+        lambda: (s := _status(cluster, namespace)).get("phase") == "Running" and s, 30, "Running"
+    )
+    assert _pods(cluster, namespace) == {"minimal-2": status["node"]}
+    assert status["node"] != sick and status["attempt"] == 2
+    assert [(n["node"], n["reason"]) for n in status["excludedNodes"]] == [(sick, "GhostMemory")]
+    assert status["lastFailure"]["cause"] == "GhostMemory"
+    assert status["lastFailure"]["attempt"] == 1 and status["restarts"] == 1
+    assert {"key": "trainguard.dev/unhealthy", "value": "GhostMemory", "effect": "NoSchedule"} in (
+        _taints(cluster, sick)
+    )
+    pod = get_json(cluster, "pod", "minimal-2", "-n", namespace)
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [sick]
+    [event] = [e for e in events_of(cluster, namespace, "minimal") if e["reason"] == "GhostMemory"]
+    assert event["type"] == "Warning" and "simulated GhostMemory" in event["message"]
+
+
+def test_deaths_restart_in_place_then_reschedule_on_the_same_pool(
+    cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
+) -> None:
+    node = _start(cluster, namespace, node_pool, inPlaceRestarts=1)["node"]
+    _renew(cluster, namespace, "Dead", 100, 90)
+    status = eventually(
+        lambda: (s := _status(cluster, namespace)).get("inPlaceRestarts") == 1 and s, 10, "restart"
+    )
+    assert status["lastFailure"]["cause"] == "Dead" and status["restarts"] == 1
+    assert _pods(cluster, namespace) == {"minimal-1": node}  # in place: the same pod
+    # The supervisor restarted the trainer; the agent reports it healthy, then dead again.
+    _renew(cluster, namespace, "Healthy", 150, 140)
+    eventually(lambda: _status(cluster, namespace).get("verdict") == "Healthy", 15, "Healthy")
+    _renew(cluster, namespace, "Dead", 400, 390)
+    eventually(lambda: "minimal-2" in _pods(cluster, namespace), 30, "attempt 2")
+    status = _status(cluster, namespace)
+    assert (status["restarts"], status["inPlaceRestarts"]) == (2, 0)
+    assert not status.get("excludedNodes")  # a software failure keeps the node
+    assert not any(t["key"] == "trainguard.dev/unhealthy" for t in _taints(cluster, node))
+
+
+def test_a_repeated_failure_at_the_same_step_stops_the_run(
+    cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
+) -> None:
+    _start(cluster, namespace, node_pool, sameStepWindow=10, onRepeatedFailure="Stop")
+    _renew(cluster, namespace, "Dead", 100, 90)
+    eventually(lambda: _status(cluster, namespace).get("inPlaceRestarts") == 1, 10, "restart")
+    _renew(cluster, namespace, "Healthy", 101, 90)
+    eventually(lambda: _status(cluster, namespace).get("verdict") == "Healthy", 15, "Healthy")
+    _renew(cluster, namespace, "Dead", 105, 90)
+    run = eventually(
+        lambda: (
+            (r := get_json(cluster, "trainingrun", "minimal", "-n", namespace))["status"].get(
+                "phase"
+            )
+            == "Failed"
+            and r
+        ),
+        15,
+        "Failed",
+    )
+    repeated = condition(run, "RepeatedFailureAtStep")
+    assert repeated is not None and repeated["status"] == "True"
+    failed = condition(run, "Failed")
+    assert failed is not None and failed["reason"] == "RepeatedFailureAtStep"
+    eventually(lambda: not _pods(cluster, namespace), 30, "the pod to be deleted")
+    time.sleep(4)  # a resync later, still no new attempt
+    assert not _pods(cluster, namespace)

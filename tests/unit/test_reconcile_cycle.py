@@ -53,6 +53,10 @@ class FakeApi:
         self.requests += 1
         if self.crash_at is not None and self.requests == self.crash_at:
             raise Crash()
+        if path.startswith("/api/v1/nodes/"):
+            if method == "PATCH":
+                self.objects[path]["spec"] = copy.deepcopy(body["spec"])
+            return self.objects[path]
         if method == "PATCH" and path.endswith("/status"):
             target = self.objects[path.removesuffix("/status")]
             target["status"] = copy.deepcopy(body["status"])
@@ -186,3 +190,22 @@ def test_the_lease_signals_reach_the_status_and_stay_without_a_lease() -> None:
     assert (status["verdict"], status["step"], status["checkpointStep"]) == ("Dead", 120, 100)
     cycle(api, full=False)  # no Lease in this cycle's view: the status keeps the signals
     assert api.run()["status"]["verdict"] == "Dead"
+
+
+def test_a_ghost_memory_verdict_taints_excludes_and_moves_to_the_next_attempt() -> None:
+    api = api_with_run()
+    api.objects["/api/v1/nodes/gpu-a"] = {"metadata": {"name": "gpu-a", "resourceVersion": "1"}}
+    cycle(api)
+    api.objects[f"/api/v1/namespaces/{NAMESPACE}/pods/llm-1"]["spec"]["nodeName"] = "gpu-a"
+    sick = LeaseView(Verdict.GHOST_MEMORY, 120, 100, '{"reason":"held"}', holder="llm-1")
+    for _ in range(3):  # the same Lease seen again is no new failure
+        reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, False, lease=sick)  # type: ignore[arg-type]
+    status = api.run()["status"]
+    assert [p["metadata"]["name"] for p in api.pods()] == ["llm-2"]
+    assert [n["node"] for n in status["excludedNodes"]] == ["gpu-a"]
+    assert (status["restarts"], status["lastFailure"]["cause"]) == (1, "GhostMemory")
+    taints = api.objects["/api/v1/nodes/gpu-a"]["spec"]["taints"]
+    assert taints == [
+        {"key": "trainguard.dev/unhealthy", "value": "GhostMemory", "effect": "NoSchedule"}
+    ]
+    assert "GhostMemory" in [e["reason"] for e in api.events]

@@ -41,4 +41,5 @@ def lease_view(lease: dict[str, Any]) -> LeaseView:
         evidence=str(annotations.get(ANNOTATION_EVIDENCE) or ""),
         renewed=_time(spec.get("renewTime")),
         duration_seconds=duration if isinstance(duration, int) else None,
+        holder=spec.get("holderIdentity") or None,
     )

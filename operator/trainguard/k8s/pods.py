@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.api.constants import ANNOTATION_SPEC_HASH, LABEL_RUN
+from trainguard.build.constants import Container
 from trainguard.build.names import attempt_of
 from trainguard.k8s.client import Kube, KubeError, object_path
 from trainguard.policies.lifecycle import PodView
@@ -25,12 +26,22 @@ def scheduler_message(pod: dict[str, Any]) -> str | None:
     return None
 
 
+def preflight_exit(pod: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The preflight step's exit code once it terminated, and its termination message."""
+    for status in pod.get("status", {}).get("initContainerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated")
+        if status.get("name") == Container.PREFLIGHT and terminated:
+            return terminated.get("exitCode"), terminated.get("message") or None
+    return None, None
+
+
 def pod_view(pod: dict[str, Any]) -> PodView | None:
     """The operator's view of a pod, or None when it carries no attempt label (not ours)."""
     meta = pod.get("metadata", {})
     attempt = attempt_of(meta.get("labels") or {})
     if attempt is None:
         return None
+    exit_code, message = preflight_exit(pod)
     return PodView(
         name=meta["name"],
         attempt=attempt,
@@ -39,6 +50,8 @@ def pod_view(pod: dict[str, Any]) -> PodView | None:
         deleting=meta.get("deletionTimestamp") is not None,
         spec_hash=(meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH),
         unschedulable=scheduler_message(pod),
+        preflight_exit=exit_code,
+        message=message or pod.get("status", {}).get("message") or None,
     )
 
 

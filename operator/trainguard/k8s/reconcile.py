@@ -31,13 +31,22 @@ from trainguard.build.serviceaccount import service_account
 from trainguard.k8s import events
 from trainguard.k8s.apply import apply, apply_status
 from trainguard.k8s.client import Kube, KubeError
+from trainguard.k8s.nodes import node_ready, taint_unhealthy
 from trainguard.k8s.pods import delete_pod, list_pods
 from trainguard.k8s.volumes import read_hot_path
-from trainguard.policies import lifecycle
+from trainguard.policies import failures, ladder, lifecycle, signals
 from trainguard.policies.lifecycle import Decision, PodView
 from trainguard.policies.placement import NetworkList, PlacementDecision, guard, hot_path_claims
 from trainguard.policies.signals import LeaseView
-from trainguard.status import EventSpec, Observed, RunState, advance, changed, transition_events
+from trainguard.status import (
+    EventSpec,
+    Observed,
+    RunState,
+    advance,
+    changed,
+    shorten_bytes,
+    transition_events,
+)
 
 log = logging.getLogger(__name__)
 MAX_INVALID_MESSAGE = 2000
@@ -92,6 +101,13 @@ def reconcile(
         kept = Observed(old.attempt, old.node, old.restarts)
         return Outcome(report(kube, meta, old, state, kept, [], settings.instance), message)
     namespace = run.metadata.namespace or ""
+    recorded, warnings = escalate(kube, run, tuple(pods), lease)
+    if recorded is not None:
+        # The record is stored before the ladder acts (the pod deleted below), so an operator
+        # restarted in between neither counts the failure twice nor forgets to act on it.
+        apply_status(kube, run.metadata, recorded)
+        old = recorded
+        run = run.model_copy(update={"status": recorded})
     desired = spec_hash(run.spec)
     decision = lifecycle.decide(run, tuple(pods), desired)
     if decision.create and (decision.attempt or 0) > 1:
@@ -112,10 +128,48 @@ def reconcile(
         old,
         lifecycle.state(run, decision, placement),
         _with_signals(lifecycle.observed(run, decision, placement), lease),
-        lifecycle.extra_events(decision, placement),
+        [*warnings, *lifecycle.extra_events(decision, placement)],
         settings.instance,
     )
     return Outcome(status)
+
+
+def escalate(
+    kube: Kube, run: TrainingRun, pods: tuple[PodView, ...], lease: LeaseView | None
+) -> tuple[TrainingRunStatus | None, list[EventSpec]]:
+    """Find a new failure of the current attempt and climb the escalation ladder.
+
+    Returns the status with the failure and the decision recorded (None when there is no new
+    failure) and the Warning Event that tells it. Tainting the node happens here; deleting the
+    pod is the lifecycle's, from the recorded status (`lifecycle.moving_off`, Failed).
+    """
+    status = run.status or TrainingRunStatus()
+    current = next((p for p in pods if p.attempt == status.attempt and not p.deleting), None)
+    if current is None or lifecycle.given_up(status):
+        return None, []
+    now = datetime.now(UTC)
+    ready: bool | None = True
+    if lease is not None and lease.holder == current.name and signals.expired(lease, now):
+        ready = node_ready(kube, current.node)  # read only then: cycles stay cheap
+    seen = failures.Observation(status.attempt, current, lease, ready, now)
+    found = failures.detect(status, seen)
+    if found is None:
+        return None, []
+    decision = ladder.decide(found.failure, failures.history(status), run.spec.recovery)
+    generation = run.metadata.generation
+    recorded = failures.record(status, found, decision, status.attempt, generation, now)
+    if decision.taint_node and found.node is not None:
+        taint_unhealthy(kube, found.node, found.failure.cause, now)
+    log.info(
+        "%s/%s: %s on attempt %s: %s",
+        run.metadata.namespace,
+        run.metadata.name,
+        found.failure.cause,
+        status.attempt,
+        decision.action,
+    )
+    message = shorten_bytes(f"{decision.message}; evidence: {found.message}", 900)
+    return recorded, [EventSpec(found.failure.cause, message, warning=True)]
 
 
 def _with_signals(observed: Observed, lease: LeaseView | None) -> Observed:

@@ -18,17 +18,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainguard.api import TrainingRun, TrainingRunStatus
-from trainguard.api.constants import ConditionType, NetworkVolumes, Reason
+from trainguard.api.constants import ConditionStatus, ConditionType, NetworkVolumes, Reason
 from trainguard.build.constants import OperatorReason
 from trainguard.build.names import pod_name
 from trainguard.policies.placement import PlacementDecision
-from trainguard.status import EventSpec, Observed, RunState, is_true, state_reason
+from trainguard.status import EventSpec, Observed, RunState, find, is_true, state_reason
 
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 RUNNING = "Running"
 # Reasons that explain a new attempt and are carried through the wait for it.
-CARRIED_CAUSES = frozenset({Reason.RESUMED, Reason.SPEC_CHANGED, Reason.POD_DELETED})
+CARRIED_CAUSES = frozenset(
+    {Reason.RESUMED, Reason.SPEC_CHANGED, Reason.POD_DELETED, Reason.RESCHEDULING}
+)
+# Reasons of a Failed condition the escalation ladder set: final, unlike InvalidSpec (fixed
+# by a spec change).
+LADDER_FAIL_REASONS = frozenset({Reason.MAX_RESTARTS_EXCEEDED, Reason.REPEATED_FAILURE_AT_STEP})
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,10 @@ class PodView:
     spec_hash: str | None = None
     # The scheduler's message while PodScheduled is False with reason Unschedulable.
     unschedulable: str | None = None
+    # Exit code of the preflight init step once it terminated, and the pod's failure text
+    # (the preflight's termination message, or the pod's own message).
+    preflight_exit: int | None = None
+    message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,31 @@ class Decision:
     cause: Reason = Reason.CREATED
     waiting: tuple[PodView, ...] = ()
     complete: bool = False
+    failed: bool = False
+
+
+def given_up(status: TrainingRunStatus) -> bool:
+    """Whether the escalation ladder gave up on the run (Failed, not by an invalid spec)."""
+    failed = find(status.conditions, ConditionType.FAILED)
+    return (
+        failed is not None
+        and failed.status is ConditionStatus.TRUE
+        and failed.reason in LADDER_FAIL_REASONS
+    )
+
+
+def moving_off(status: TrainingRunStatus, current: PodView) -> bool:
+    """Whether the escalation ladder chose to move the run off the current pod.
+
+    Level-based: every cycle deletes the pod until it is gone, so an operator restarted
+    after the record was written still acts on it.
+    """
+    last = status.last_failure
+    return (
+        last is not None
+        and last.attempt == current.attempt
+        and state_reason(status) == Reason.RESCHEDULING
+    )
 
 
 def _cause(status: TrainingRunStatus, latest: int) -> Reason:
@@ -80,9 +114,15 @@ def decide(run: TrainingRun, pods: tuple[PodView, ...], desired_hash: str) -> De
     )
     if complete:
         return Decision(attempt, current=current, delete=superseded, complete=True)
+    if given_up(status):
+        return Decision(attempt, delete=tuple(live), failed=True)
     if run.spec.suspend:
         return Decision(attempt, delete=tuple(live), cause=Reason.SUSPENDED)
     if current is not None:
+        if moving_off(status, current):
+            return Decision(
+                attempt, delete=(current, *superseded), current=current, cause=Reason.RESCHEDULING
+            )
         if current.spec_hash != desired_hash:
             return Decision(
                 attempt, delete=(current, *superseded), current=current, cause=Reason.SPEC_CHANGED
@@ -102,6 +142,7 @@ def _cause_text(cause: Reason, run: str, attempt: int) -> str:
         Reason.RESUMED: " after resume",
         Reason.SPEC_CHANGED: " for the changed spec",
         Reason.POD_DELETED: f" because pod {previous} was deleted",
+        Reason.RESCHEDULING: f" after the failure of pod {previous}",
     }.get(cause, "")
 
 
@@ -134,9 +175,13 @@ def _pod_state(current: PodView) -> RunState:
 def state(run: TrainingRun, decision: Decision, placement: PlacementDecision | None) -> RunState:
     """The state the cycle reports, given its decision and the placement guard's answer."""
     name = run.metadata.name or ""
+    status = run.status or TrainingRunStatus()
     if decision.complete:
         pod = decision.current.name if decision.current else "the run's pod"
         return RunState(Reason.COMPLETED, f"{pod} succeeded", complete=True)
+    failed = find(status.conditions, ConditionType.FAILED)
+    if decision.failed and failed is not None:
+        return RunState(failed.reason, failed.message, failed=True, warning=True)
     if run.spec.suspend:
         deleting = ", ".join(p.name for p in decision.delete)
         message = f"deleting pod {deleting}" if deleting else "no pod runs"
@@ -150,9 +195,10 @@ def state(run: TrainingRun, decision: Decision, placement: PlacementDecision | N
             warning=True,
         )
     if decision.current is not None and decision.current in decision.delete:
+        what = "spec changed" if decision.cause is Reason.SPEC_CHANGED else "rescheduling"
         return RunState(
-            Reason.SPEC_CHANGED,
-            f"spec changed: deleting pod {decision.current.name}; a new attempt follows",
+            decision.cause,
+            f"{what}: deleting pod {decision.current.name}; a new attempt follows",
             progressing=True,
         )
     if decision.waiting:

@@ -27,6 +27,7 @@ class LeaseView:
     evidence: str = ""
     renewed: datetime | None = None
     duration_seconds: int | None = None
+    holder: str | None = None  # the pod whose agent renewed it last
 
 
 def urgent(lease: LeaseView | None, previous: Verdict | None) -> bool:

@@ -1,0 +1,151 @@
+"""Failures of a run's current attempt, pure: observations -> a new Failure -> its record.
+
+`detect` finds a new failure in what the cycle observed; `record` writes the ladder's
+decision about it into the status.
+
+A failure is one of (first match wins):
+- the preflight init step exited 10-13 (a node problem): `PreflightFailed`;
+- the pod failed (the supervisor gave up): `PodFailed`;
+- the agent of the current pod renews the Lease with a failure verdict (`Dead`, `Hung`,
+  `GhostMemory`, `IOStuck`);
+- the current pod's Lease expired and its node is NotReady or gone: `LeaseExpired`.
+
+It is new unless `status.lastFailure` already records it (same attempt and cause, and for a
+verdict, the status still shows that verdict: a verdict that went back to Healthy and turns
+to a failure again is a new failure). The record and the status's verdict are written in the
+same status write, so an operator restarted anywhere never counts a failure twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from trainguard.api import TrainingRunStatus
+from trainguard.api.constants import ConditionStatus, ConditionType, Reason, Verdict
+from trainguard.api.status import ExcludedNode
+from trainguard.api.status import Failure as FailureRecord
+from trainguard.policies import ladder
+from trainguard.policies.ladder import Action, Failure, History
+from trainguard.policies.lifecycle import PodView
+from trainguard.policies.signals import FAILURE_VERDICTS, LeaseView, expired
+from trainguard.status import set_condition
+
+# Exit codes of the preflight step that name a node problem (storage corrupt or failing,
+# insufficient space, GPU memory held, storage slow).
+PREFLIGHT_NODE_EXITS = range(10, 14)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one cycle saw of the current attempt."""
+
+    attempt: int | None
+    pod: PodView | None
+    lease: LeaseView | None
+    node_ready: bool | None = True  # None: the node is gone
+    now: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Found:
+    """A new failure, with what the status records about it."""
+
+    failure: Failure
+    node: str | None
+    message: str
+
+
+def _cause(seen: Observation) -> tuple[str, str] | None:
+    pod, lease = seen.pod, seen.lease
+    if pod is None or pod.deleting:
+        return None
+    if pod.preflight_exit in PREFLIGHT_NODE_EXITS:
+        return Reason.PREFLIGHT_FAILED, pod.message or f"preflight exited {pod.preflight_exit}"
+    if pod.phase == "Failed":
+        return Reason.POD_FAILED, pod.message or f"pod {pod.name} failed"
+    if lease is None or lease.holder != pod.name:
+        return None  # the Lease still speaks of an earlier pod
+    if lease.verdict in FAILURE_VERDICTS:
+        return lease.verdict, lease.evidence
+    if seen.now is not None and expired(lease, seen.now) and seen.node_ready is not True:
+        return Reason.LEASE_EXPIRED, f"Lease not renewed since {lease.renewed}; node not Ready"
+    return None
+
+
+def detect(status: TrainingRunStatus, seen: Observation) -> Found | None:
+    """The new failure of the current attempt, or None (none, or already handled)."""
+    found = _cause(seen)
+    if found is None or seen.pod is None:
+        return None
+    cause, message = found
+    last = status.last_failure
+    handled = last is not None and last.attempt == seen.attempt and last.cause == cause
+    if handled and (cause not in FAILURE_VERDICTS or status.verdict == cause):
+        return None
+    step = seen.lease.step if seen.lease is not None else status.step
+    failure = Failure(str(cause), step, seen.node_ready)
+    return Found(failure, seen.pod.node, message)
+
+
+def history(status: TrainingRunStatus) -> History:
+    """What the ladder needs from the status."""
+    last = status.last_failure
+    return History(status.restarts, status.in_place_restarts, last.step if last else None)
+
+
+def record(
+    status: TrainingRunStatus,
+    found: Found,
+    decision: ladder.Decision,
+    attempt: int | None,
+    generation: int | None,
+    now: datetime,
+) -> TrainingRunStatus:
+    """The status with the failure and the ladder's decision recorded (before the cycle's state).
+
+    A reschedule carries `Rescheduling` as the state's reason, so the wait for the old pod
+    and the next attempt are reported as such; a failure sets the terminal `Failed`.
+    """
+    failure = found.failure
+    conditions = list(status.conditions)
+    if decision.repeated:
+        conditions = set_condition(
+            conditions,
+            ConditionType.REPEATED_FAILURE_AT_STEP,
+            ConditionStatus.TRUE,
+            Reason.REPEATED_FAILURE_AT_STEP,
+            decision.message,
+            generation,
+            now,
+        )
+    state = {
+        Action.RESCHEDULE: (ConditionType.PROGRESSING, ConditionStatus.TRUE),
+        Action.FAIL: (ConditionType.FAILED, ConditionStatus.TRUE),
+    }.get(decision.action)
+    if state is not None:
+        kind, truth = state
+        conditions = set_condition(
+            conditions, kind, truth, decision.reason, decision.message, generation, now
+        )
+    excluded = list(status.excluded_nodes)
+    if decision.taint_node and found.node and all(e.node != found.node for e in excluded):
+        excluded.append(ExcludedNode(node=found.node, reason=failure.cause, time=now))
+    in_place = decision.action is Action.RESTART_IN_PLACE
+    return status.model_copy(
+        update={
+            "conditions": conditions,
+            "excluded_nodes": excluded,
+            "restarts": status.restarts + (decision.action is not Action.FAIL),
+            "in_place_restarts": status.in_place_restarts + 1 if in_place else 0,
+            "last_failure": FailureRecord(
+                cause=failure.cause,
+                step=failure.step,
+                time=now,
+                node=found.node,
+                attempt=attempt,
+                message=found.message,
+            ),
+            "verdict": Verdict(failure.cause) if failure.cause in set(Verdict) else status.verdict,
+        }
+    )

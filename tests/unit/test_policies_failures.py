@@ -1,0 +1,122 @@
+"""New failures of the current attempt, and how the ladder's decision is recorded in status."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from trainguard.api import TrainingRunStatus
+from trainguard.api.constants import Verdict
+from trainguard.api.spec import Recovery
+from trainguard.api.status import Failure as FailureRecord
+from trainguard.policies import ladder
+from trainguard.policies.failures import Found, Observation, detect, history, record
+from trainguard.policies.ladder import Failure
+from trainguard.policies.lifecycle import PodView, given_up
+from trainguard.policies.signals import LeaseView
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+POD = PodView("llm-2", 2, phase="Running", node="gpu-a")
+HEALTHY = LeaseView(Verdict.HEALTHY, 50, 40, holder="llm-2", renewed=T0, duration_seconds=15)
+
+
+def lease(verdict: Verdict, holder: str = "llm-2") -> LeaseView:
+    return LeaseView(verdict, 120, 100, '{"reason":"x"}', T0, 15, holder)
+
+
+def handled(cause: str, attempt: int = 2, verdict: Verdict | None = None) -> TrainingRunStatus:
+    last = FailureRecord(cause=cause, step=120, time=T0, attempt=attempt, message="")
+    return TrainingRunStatus(attempt=2, last_failure=last, verdict=verdict)
+
+
+NONE = TrainingRunStatus(attempt=2)
+
+
+@pytest.mark.parametrize(
+    ("status", "pod", "view", "ready", "late", "cause"),
+    [
+        (NONE, POD, HEALTHY, True, 0, None),
+        (NONE, POD, lease(Verdict.GHOST_MEMORY), True, 0, "GhostMemory"),
+        (NONE, POD, lease(Verdict.DEAD), True, 0, "Dead"),
+        (NONE, POD, lease(Verdict.SLOW), True, 0, None),
+        # The Lease still speaks of the pod of the previous attempt.
+        (NONE, POD, lease(Verdict.DEAD, holder="llm-1"), True, 0, None),
+        # Handled already on this attempt (the status shows the verdict): not again...
+        (handled("Dead", verdict=Verdict.DEAD), POD, lease(Verdict.DEAD), True, 0, None),
+        # ... but after the verdict went back to Healthy, a new death is new.
+        (handled("Dead", verdict=Verdict.HEALTHY), POD, lease(Verdict.DEAD), True, 0, "Dead"),
+        (handled("Dead", attempt=1), POD, lease(Verdict.DEAD), True, 0, "Dead"),
+        (NONE, PodView("llm-2", 2, phase="Failed", node="gpu-a"), None, True, 0, "PodFailed"),
+        (handled("PodFailed"), PodView("llm-2", 2, phase="Failed"), None, True, 0, None),
+        (NONE, PodView("llm-2", 2, "Failed", "gpu-a", preflight_exit=12), None, True, 0,
+         "PreflightFailed"),
+        (NONE, PodView("llm-2", 2, "Failed", "gpu-a", preflight_exit=1), None, True, 0,
+         "PodFailed"),
+        (NONE, PodView("llm-2", 2, "Pending", "gpu-a", preflight_exit=0), None, True, 0, None),
+        (NONE, POD, HEALTHY, False, 60, "LeaseExpired"),
+        (NONE, POD, HEALTHY, None, 60, "LeaseExpired"),  # node gone
+        (NONE, POD, HEALTHY, True, 60, None),  # expired on a Ready node: not a node failure
+        (NONE, POD, HEALTHY, False, 5, None),
+        (NONE, PodView("llm-2", 2, "Running", "gpu-a", deleting=True), lease(Verdict.DEAD),
+         True, 0, None),
+        (NONE, None, lease(Verdict.DEAD), True, 0, None),
+    ],
+)  # fmt: skip
+def test_detect(
+    status: TrainingRunStatus,
+    pod: PodView | None,
+    view: LeaseView | None,
+    ready: bool | None,
+    late: int,
+    cause: str | None,
+) -> None:
+    seen = Observation(2, pod, view, ready, T0 + timedelta(seconds=late))
+    found = detect(status, seen)
+    assert (found.failure.cause if found else None) == cause
+
+
+def test_a_detected_failure_carries_step_node_and_evidence() -> None:
+    found = detect(NONE, Observation(2, POD, lease(Verdict.IO_STUCK), True, T0))
+    assert found == Found(Failure("IOStuck", 120, True), "gpu-a", '{"reason":"x"}')
+
+
+def _decide(status: TrainingRunStatus, found: Found, **recovery: object) -> TrainingRunStatus:
+    decision = ladder.decide(found.failure, history(status), Recovery(**recovery))
+    return record(status, found, decision, 2, 1, T0)
+
+
+def test_a_node_failure_excludes_the_node_and_carries_rescheduling() -> None:
+    found = Found(Failure("GhostMemory", 120, True), "gpu-a", "held 3 GiB")
+    new = _decide(NONE, found)
+    assert [(e.node, e.reason) for e in new.excluded_nodes] == [("gpu-a", "GhostMemory")]
+    assert (new.restarts, new.in_place_restarts, new.verdict) == (1, 0, Verdict.GHOST_MEMORY)
+    assert new.last_failure is not None
+    assert (new.last_failure.attempt, new.last_failure.message) == (2, "held 3 GiB")
+    [progressing] = [c for c in new.conditions if c.type == "Progressing"]
+    assert progressing.reason == "Rescheduling"
+    again = _decide(new.model_copy(update={"last_failure": None}), found)
+    assert len(again.excluded_nodes) == 1  # a node is excluded once
+
+
+def test_deaths_restart_in_place_then_reschedule() -> None:
+    status = NONE
+    actions = []
+    for step in (100, 200, 300):
+        found = Found(Failure("Dead", step, True), "gpu-a", "exit 1")
+        decision = ladder.decide(found.failure, history(status), Recovery(inPlaceRestarts=2))
+        status = record(status, found, decision, 2, 1, T0)
+        actions.append((decision.action.value, status.in_place_restarts, status.restarts))
+    assert actions == [("RestartInPlace", 1, 1), ("RestartInPlace", 2, 2), ("Reschedule", 0, 3)]
+    assert not status.excluded_nodes  # a software failure keeps the node
+
+
+def test_a_repeated_failure_with_stop_fails_the_run() -> None:
+    first = _decide(NONE, Found(Failure("Dead", 120, True), "gpu-a", "exit 1"))
+    second = _decide(first, Found(Failure("Dead", 125, True), "gpu-a", "exit 1"))
+    kinds = {c.type: (c.status.value, c.reason) for c in second.conditions}
+    assert kinds["RepeatedFailureAtStep"] == ("True", "RepeatedFailureAtStep")
+    assert kinds["Failed"] == ("True", "RepeatedFailureAtStep")
+    assert given_up(second) and not given_up(first)
