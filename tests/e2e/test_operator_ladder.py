@@ -170,3 +170,31 @@ def test_a_repeated_failure_at_the_same_step_stops_the_run(
     eventually(lambda: not _pods(cluster, namespace), 30, "the pod to be deleted")
     time.sleep(4)  # a resync later, still no new attempt
     assert not _pods(cluster, namespace)
+
+
+def test_a_failed_preflight_excludes_the_node(
+    cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
+) -> None:
+    sick = _start(cluster, namespace, node_pool)["node"]
+    # The kubelet's report of a preflight that found the node's storage corrupt (exit 10).
+    message = json.dumps({"reason": "storage corrupt: read-back mismatch"})
+    failed = {
+        "phase": "Failed",
+        "initContainerStatuses": [
+            {
+                "name": "preflight", "image": "trainguard:e2e", "imageID": "", "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": 10, "reason": "Error", "message": message}},
+            }
+        ],
+    }  # fmt: skip
+    cluster.kubectl(
+        "patch", "pod", "minimal-1", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": failed}),
+    )  # fmt: skip
+    eventually(lambda: "minimal-2" in _pods(cluster, namespace), 30, "attempt 2")
+    status = _status(cluster, namespace)
+    assert [(n["node"], n["reason"]) for n in status["excludedNodes"]] == [
+        (sick, "PreflightFailed")
+    ]
+    assert "storage corrupt" in status["lastFailure"]["message"]

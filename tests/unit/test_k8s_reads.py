@@ -50,6 +50,23 @@ def test_scheduled_running_and_deleting() -> None:
     assert view == PodView("llm-2", 2, "Running", "gpu-0", True, "abc", None)
 
 
+def test_a_failed_preflight_carries_its_exit_code_and_termination_message() -> None:
+    message = '{"reason":"GPU memory held: 3 GiB by pid 41"}'
+    statuses = [
+        {"name": "agent", "state": {"running": {}}},
+        {"name": "preflight", "state": {"terminated": {"exitCode": 12, "message": message}}},
+    ]
+    view = pod_view(pod(phase="Failed", initContainerStatuses=statuses, message="init failed"))
+    assert view is not None
+    assert (view.phase, view.preflight_exit, view.message) == ("Failed", 12, message)
+
+
+def test_a_failed_pod_without_preflight_carries_the_pods_message() -> None:
+    view = pod_view(pod(phase="Failed", message="The node was low on resource"))
+    assert view is not None
+    assert (view.preflight_exit, view.message) == (None, "The node was low on resource")
+
+
 @pytest.mark.parametrize("attempt", [None, "", "x", "0", "-1"])
 def test_a_pod_without_a_valid_attempt_is_not_ours(attempt: str | None) -> None:
     body = pod()
