@@ -36,7 +36,6 @@ from trainguard.api.constants import (
     MANAGED_BY,
     PLURAL,
     VERSION,
-    Verdict,
 )
 from trainguard.k8s.client import Kube, KubeError
 from trainguard.k8s.leases import lease_view
@@ -164,7 +163,7 @@ async def lease_changed(
     key = (namespace, labels[LABEL_RUN])
     lease = lease_view(dict(body))
     for run in _indexed(kwargs, RUNS, key):
-        if signals.urgent(lease, memo.records.get(run["metadata"]["uid"]).verdict(run)):
+        if signals.urgent(lease, memo.records.get(run["metadata"]["uid"]).last_status(run)):
             pods = _indexed(kwargs, RUN_PODS, key)
             await asyncio.to_thread(_cycle_logged, memo, run, pods, lease)
 
@@ -232,10 +231,9 @@ class RunRecord:
         self.lock = threading.Lock()
         self.status: TrainingRunStatus | None = None
 
-    def verdict(self, body: dict[str, Any]) -> Verdict | None:
-        """The verdict in the status this operator wrote last, else in the run as watched."""
-        status = self.status or TrainingRunStatus.from_object(body.get("status") or {})
-        return status.verdict
+    def last_status(self, body: dict[str, Any]) -> TrainingRunStatus:
+        """The status this operator wrote last, else the run's as watched."""
+        return self.status or TrainingRunStatus.from_object(body.get("status") or {})
 
 
 class RunRecords:

@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
+from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Verdict
+from trainguard.api.status import Failure as FailureRecord
 from trainguard.k8s.leases import lease_view
-from trainguard.policies.signals import LeaseView, expired, urgent
+from trainguard.policies.signals import LeaseView, expired, renewed_by, urgent
 
 pytestmark = pytest.mark.unit
 
@@ -49,24 +51,39 @@ def test_lease_view(body: dict[str, Any], expected: LeaseView) -> None:
     assert lease_view(body) == expected
 
 
+def _status(verdict: Verdict | None, handled: str | None = None) -> TrainingRunStatus:
+    last = None
+    if handled is not None:
+        last = FailureRecord(cause=handled, time=T0, attempt=2, message="")
+    return TrainingRunStatus(attempt=2, verdict=verdict, last_failure=last)
+
+
 @pytest.mark.parametrize(
-    ("verdict", "previous", "expected"),
+    ("verdict", "status", "expected"),
     [
-        (Verdict.DEAD, Verdict.HEALTHY, True),
-        (Verdict.DEAD, None, True),
-        (Verdict.GHOST_MEMORY, Verdict.DEAD, True),
-        (Verdict.DEAD, Verdict.DEAD, False),  # already in the status
-        (Verdict.SLOW, Verdict.HEALTHY, False),  # not a failure: the resync carries it
-        (Verdict.HEALTHY, Verdict.DEAD, False),
-        (None, Verdict.HEALTHY, False),
+        (Verdict.DEAD, _status(Verdict.HEALTHY), True),
+        (Verdict.DEAD, _status(None), True),
+        (Verdict.GHOST_MEMORY, _status(Verdict.DEAD, "Dead"), True),
+        (Verdict.DEAD, _status(Verdict.DEAD, "Dead"), False),  # shown and handled
+        # Shown (read from an earlier attempt's Lease) but not handled for this attempt.
+        (Verdict.DEAD, _status(Verdict.DEAD), True),
+        (Verdict.SLOW, _status(Verdict.HEALTHY), False),  # not a failure: the resync carries it
+        (Verdict.HEALTHY, _status(Verdict.DEAD), False),
+        (None, _status(Verdict.HEALTHY), False),
     ],
 )
-def test_urgent(verdict: Verdict | None, previous: Verdict | None, expected: bool) -> None:
-    assert urgent(LeaseView(verdict), previous) is expected
+def test_urgent(verdict: Verdict | None, status: TrainingRunStatus, expected: bool) -> None:
+    assert urgent(LeaseView(verdict), status) is expected
 
 
 def test_no_lease_is_never_urgent() -> None:
-    assert not urgent(None, None)
+    assert not urgent(None, TrainingRunStatus())
+
+
+def test_renewed_by_the_pod_of_the_attempt() -> None:
+    assert renewed_by(LeaseView(holder="llm-2"), "llm", 2)
+    assert not renewed_by(LeaseView(holder="llm-1"), "llm", 2)
+    assert not renewed_by(LeaseView(holder="llm-1"), "llm", None)
 
 
 @pytest.mark.parametrize(

@@ -184,7 +184,7 @@ def test_a_lagging_watch_never_makes_the_operator_move_to_the_next_attempt() -> 
 
 def test_the_lease_signals_reach_the_status_and_stay_without_a_lease() -> None:
     api = api_with_run()
-    signals = LeaseView(Verdict.DEAD, step=120, saved_step=100)
+    signals = LeaseView(Verdict.DEAD, step=120, saved_step=100, holder="llm-1")
     reconcile(api, copy.deepcopy(api.run()), [], SETTINGS, True, lease=signals)  # type: ignore[arg-type]
     status = api.run()["status"]
     assert (status["verdict"], status["step"], status["checkpointStep"]) == ("Dead", 120, 100)

@@ -127,7 +127,7 @@ def reconcile(
         run.metadata,
         old,
         lifecycle.state(run, decision, placement),
-        _with_signals(lifecycle.observed(run, decision, placement), lease),
+        _with_signals(lifecycle.observed(run, decision, placement), lease, run.metadata.name),
         [*warnings, *lifecycle.extra_events(decision, placement)],
         settings.instance,
     )
@@ -172,8 +172,9 @@ def escalate(
     return recorded, [EventSpec(found.failure.cause, message, warning=True)]
 
 
-def _with_signals(observed: Observed, lease: LeaseView | None) -> Observed:
-    if lease is None:
+def _with_signals(observed: Observed, lease: LeaseView | None, run: str | None) -> Observed:
+    # Until the new pod's agent renews it, the Lease still speaks of the previous attempt.
+    if lease is None or not signals.renewed_by(lease, run or "", observed.attempt):
         return observed
     return replace(
         observed, verdict=lease.verdict, step=lease.step, checkpoint_step=lease.saved_step

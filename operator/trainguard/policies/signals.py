@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Verdict
+from trainguard.build.names import pod_name
 
 # Verdicts that are failures: the ladder acts on them.
 FAILURE_VERDICTS = frozenset({Verdict.DEAD, Verdict.HUNG, Verdict.GHOST_MEMORY, Verdict.IO_STUCK})
@@ -30,9 +32,22 @@ class LeaseView:
     holder: str | None = None  # the pod whose agent renewed it last
 
 
-def urgent(lease: LeaseView | None, previous: Verdict | None) -> bool:
-    """Whether the Lease carries a failure verdict the status does not show yet."""
-    return lease is not None and lease.verdict in FAILURE_VERDICTS and lease.verdict != previous
+def renewed_by(lease: LeaseView, run: str, attempt: int | None) -> bool:
+    """Whether the Lease was last renewed by the agent of the run's pod of this attempt."""
+    return attempt is not None and lease.holder == pod_name(run, attempt)
+
+
+def urgent(lease: LeaseView | None, status: TrainingRunStatus) -> bool:
+    """Whether the Lease carries a failure verdict the status does not show or has not handled.
+
+    Handled: `status.lastFailure` records it for the current attempt. A stale Lease of an
+    earlier pod may pass (its cycle finds nothing to do); a new failure never waits.
+    """
+    if lease is None or lease.verdict not in FAILURE_VERDICTS:
+        return False
+    last = status.last_failure
+    handled = last is not None and last.attempt == status.attempt and last.cause == lease.verdict
+    return lease.verdict != status.verdict or not handled
 
 
 def expired(lease: LeaseView | None, now: datetime) -> bool:
