@@ -5,7 +5,10 @@
   runs can be pinned to them (`pinned(run, pool)`) and tests never disturb each other or
   the shared nodes; deleted afterwards;
 - `operator`: `trainguard operator` watching the test's namespace; on failure its log,
-  `kubectl describe` of the namespace's runs and pods, and the Events are printed.
+  `kubectl describe` of the namespace's runs and pods, and the Events are printed. Every
+  scenario runs twice: as the cluster admin, and with only the token of the ServiceAccount
+  the Helm chart installs (its RBAC, bound to the test's namespace), which shows the
+  chart's RBAC suffices for everything the operator does.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 import yaml
 from operator_proc import CRD_FILE, POOL_LABEL, OperatorProcess, diagnostics
 
+from chart import install, token_kubeconfig, uninstall
 from trainguard.api.constants import CRD_NAME
 from trainguard.devcluster.cluster import Cluster
 from trainguard.devcluster.nodes import gpu_node
@@ -56,7 +60,7 @@ def node_pool(cluster: Cluster, namespace: str) -> Iterator[str]:
         cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
 
 
-@pytest.fixture
+@pytest.fixture(params=["admin", "chart-rbac"])
 def operator(
     cluster: Cluster,
     namespace: str,
@@ -65,7 +69,12 @@ def operator(
     request: pytest.FixtureRequest,
 ) -> Iterator[OperatorProcess]:
     """The operator, running, watching this test's namespace; diagnostics on failure."""
-    process = OperatorProcess(cluster, [namespace], tmp_path / "operator.log")
+    release = None
+    kubeconfig = None
+    if request.param == "chart-rbac":
+        release = install(cluster, {"operator": {"watchNamespaces": [namespace]}})
+        kubeconfig = token_kubeconfig(cluster, release, tmp_path / "operator-kubeconfig")
+    process = OperatorProcess(cluster, [namespace], tmp_path / "operator.log", kubeconfig)
     process.start()
     failed_before = request.session.testsfailed
     try:
@@ -74,3 +83,5 @@ def operator(
         if request.session.testsfailed > failed_before or os.environ.get("TRAINGUARD_E2E_LOGS"):
             print(diagnostics(cluster, namespace, process))
         process.stop()
+        if release is not None:
+            uninstall(cluster, release)

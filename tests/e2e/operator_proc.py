@@ -36,8 +36,16 @@ CREATING_POD = ": creating pod "
 class OperatorProcess:
     """`trainguard operator -n <namespace>` against the test cluster, started and killed."""
 
-    def __init__(self, cluster: Cluster, namespaces: list[str], log_path: Path) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        namespaces: list[str],
+        log_path: Path,
+        kubeconfig: Path | None = None,
+    ) -> None:
         self.cluster = cluster
+        # The admin's kubeconfig by default; a ServiceAccount token's to test RBAC.
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
         self.namespaces = namespaces
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -46,7 +54,7 @@ class OperatorProcess:
     def start(self) -> None:
         """Start the operator (appending to the same log across restarts)."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
-        argv = [str(TRAINGUARD), "operator", "--kubeconfig", str(self.cluster.kubeconfig)]
+        argv = [str(TRAINGUARD), "operator", "--kubeconfig", str(self.kubeconfig)]
         for namespace in self.namespaces:
             argv += ["--namespace", namespace]
         argv += ["--resync-seconds", RESYNC_SECONDS, "--agent-image", "trainguard:e2e"]
