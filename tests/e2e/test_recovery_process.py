@@ -1,0 +1,139 @@
+"""Silent death, end to end: real operator, agent, supervisor and trainer on a process node.
+
+The run's pod runs as local processes on a process-backed node (preflight, stage-data from a
+file:// source, restore, the agent sidecar, the reference trainer under the supervisor). The
+training process is SIGKILLed mid-run: the agent sees it gone (absence, not log age), the
+Lease carries `Dead`, the operator writes it to the run's status within seconds and records
+an in-place restart; the supervisor restarts the trainer in the same pod, and training goes
+on from the newest L1 checkpoint, losing at most one checkpoint interval.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from operator_proc import OperatorProcess, apply, events_of, eventually, get_json, pods_of
+
+from trainguard.devcluster.cluster import Cluster
+from trainguard.devcluster.nodes import PROCESS_NODE_LABEL
+
+pytest_plugins = ("operator_fixtures",)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+EVERY_STEPS = 20
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Path:
+    """A few synthetic token shards, the data source of the run."""
+    out = tmp_path / "shards"
+    subprocess.run(
+        [sys.executable, "-m", "trainguard_harness.shards", "--out", str(out), "--shards", "2",
+         "--tokens", "100000", "--vocab-size", "256", "--seed", "1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return out
+
+
+def _run(name: str, shards: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "trainguard.dev/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": name},
+        "spec": {
+            "trainer": {
+                "image": "trainguard-trainer:dev",
+                "command": [
+                    "python",
+                    "-m",
+                    "trainguard_harness.train",
+                    "--preset",
+                    "tiny",
+                    "--steps",
+                    "1000000",
+                    "--threads",
+                    "1",
+                ],
+            },
+            "model": {"parameters": 1000000},
+            "data": {"source": {"uri": f"file://{shards}"}, "size": "10Mi"},
+            "checkpoints": {"everySteps": EVERY_STEPS},
+            "monitor": {"startupGraceSeconds": 5},
+            "placement": {"nodeSelector": {PROCESS_NODE_LABEL: "true"}},
+        },
+    }
+
+
+def _heartbeat(state: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads((state / "heartbeat.json").read_text())
+        return data
+    except (OSError, ValueError):
+        return None
+
+
+def test_silent_death_is_detected_in_seconds_and_resumed_in_place(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, shards: Path
+) -> None:
+    apply(cluster, namespace, _run("silent", shards))
+
+    def bound() -> dict[str, Any] | None:
+        pods = pods_of(cluster, namespace, "silent")
+        return next((p for p in pods if p["spec"].get("nodeName")), None)
+
+    pod = eventually(bound, what="pod bound to a process-backed node")
+    node, uid, pod_name = pod["spec"]["nodeName"], pod["metadata"]["uid"], pod["metadata"]["name"]
+    state = cluster.root / "procnodes" / node / "pods" / f"{namespace}_{pod_name}_{uid}"
+    state = state / "volumes" / "state"
+
+    def checkpointed() -> dict[str, Any] | None:
+        beat = _heartbeat(state)
+        ok = beat and (beat.get("last_checkpoint_step") or 0) >= 2 * EVERY_STEPS
+        return beat if ok else None
+
+    eventually(checkpointed, timeout=120, what="training with two checkpoints")
+    eventually(
+        lambda: (
+            get_json(cluster, "tr", "silent", "-n", namespace).get("status", {}).get("verdict")
+            == "Healthy"
+        ),
+        what="Healthy verdict in the status",
+    )
+    before = _heartbeat(state)
+    assert before is not None
+    killed_at = time.monotonic()
+    os.kill(int(before["pid"]), signal.SIGKILL)
+
+    def dead() -> dict[str, Any] | None:
+        status: dict[str, Any] = get_json(cluster, "tr", "silent", "-n", namespace)["status"]
+        return status if status.get("verdict") == "Dead" else None
+
+    status = eventually(dead, timeout=15, what="Dead in the run's status")
+    detect_s = time.monotonic() - killed_at
+    assert detect_s <= 5.0, detect_s
+    assert status["restarts"] >= 1
+    assert status["lastFailure"]["cause"] == "Dead"
+
+    def resumed() -> dict[str, Any] | None:
+        beat = _heartbeat(state)
+        advanced = (
+            beat and beat["pid"] != before["pid"] and (beat.get("step") or 0) > before["step"]
+        )
+        return beat if advanced else None
+
+    after = eventually(resumed, timeout=90, what="training again after the restart")
+    # The same pod: restarted in place by the supervisor, not rescheduled.
+    assert [p["metadata"]["name"] for p in pods_of(cluster, namespace, "silent")] == [pod_name]
+    assert after["step"] > before["step"]
+    steps_lost = before["step"] - before["last_checkpoint_step"]
+    assert steps_lost <= EVERY_STEPS
+    reasons = {e["reason"] for e in events_of(cluster, namespace, "silent")}
+    assert "Dead" in reasons or "RestartingInPlace" in reasons, reasons
