@@ -9,10 +9,11 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from operator_proc import eventually
 
 from trainguard.devcluster import nodes as node_manifests
 from trainguard.devcluster.cluster import Cluster
@@ -25,17 +26,6 @@ KUBE_VERSION = "v1.36.3"
 def _get(cluster: Cluster, *args: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
     return data
-
-
-def _eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.3)
 
 
 def _gpu_pod(name: str, gpus: int = 1, storage: str | None = None, **spec: Any) -> dict[str, Any]:
@@ -86,7 +76,7 @@ def test_gpu_pod_is_scheduled_and_runs(cluster: Cluster, namespace: str) -> None
         pod = _get(cluster, "-n", namespace, "pod", "gpu-pod")
         return pod if pod["status"].get("phase") == "Running" else None
 
-    pod = _eventually(running, what="pod Running")
+    pod = eventually(running, what="pod Running")
     node = _get(cluster, "node", pod["spec"]["nodeName"])
     assert node["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"
     assert int(node["status"]["allocatable"]["nvidia.com/gpu"]) >= 1
@@ -96,7 +86,7 @@ def test_scheduler_honours_taints(
     cluster: Cluster, namespace: str, private_nodes: tuple[str, list[str]]
 ) -> None:
     pool, names = private_nodes
-    _eventually(
+    eventually(
         lambda: (
             set(names)
             <= {
@@ -118,7 +108,7 @@ def test_scheduler_honours_taints(
     for i in range(3):
         _create(cluster, namespace, _gpu_pod(f"tainted-{i}", **selector))
     for i in range(3):
-        pod = _eventually(
+        pod = eventually(
             lambda i=i: _get(cluster, "-n", namespace, "pod", f"tainted-{i}")["spec"].get(
                 "nodeName"
             ),
@@ -137,7 +127,7 @@ def test_unschedulable_storage_reason_is_readable(cluster: Cluster, namespace: s
                 return dict(cond)
         return None
 
-    cond = _eventually(unschedulable, what="PodScheduled=False")
+    cond = eventually(unschedulable, what="PodScheduled=False")
     assert cond["reason"] == "Unschedulable"
     assert "Insufficient ephemeral-storage" in cond["message"]
     time.sleep(2)
@@ -167,7 +157,7 @@ def test_garbage_collector_removes_owned_children(cluster: Cluster, namespace: s
         result = cluster.kubectl("-n", namespace, "get", "configmap", "child", check=False)
         return result.returncode != 0 and "NotFound" in result.stderr
 
-    _eventually(child_gone, what="child garbage-collected")
+    eventually(child_gone, what="child garbage-collected")
 
 
 def test_rbac_denies_outside_the_role(cluster: Cluster, namespace: str) -> None:
@@ -198,7 +188,7 @@ def test_rbac_denies_outside_the_role(cluster: Cluster, namespace: str) -> None:
             return int(err.code)
 
     ns = f"/api/v1/namespaces/{namespace}"
-    _eventually(lambda: status_of("GET", f"{ns}/configmaps") == 200, what="binding effective")
+    eventually(lambda: status_of("GET", f"{ns}/configmaps") == 200, what="binding effective")
     denied = {
         "read secrets": ("GET", f"{ns}/secrets"),
         "list pods": ("GET", f"{ns}/pods"),

@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from operator_proc import eventually
 
 from trainguard.devcluster.cluster import Cluster, _pid_alive
 from trainguard.devcluster.nodes import PROCESS_NODE_LABEL, process_node_name
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
-
-
-def _eventually(check: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
 
 
 def _pod(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
@@ -88,7 +76,7 @@ def _manifest(name: str, node: str) -> dict[str, Any]:
 
 def _work_dir(cluster: Cluster, node: str, namespace: str, name: str) -> Path:
     pods = cluster.root / "procnodes" / node / "pods"
-    found = _eventually(
+    found = eventually(
         lambda: next(iter(pods.glob(f"{namespace}_{name}_*")), None), what="pod directory"
     )
     return Path(found) / "volumes" / "work"
@@ -97,12 +85,12 @@ def _work_dir(cluster: Cluster, node: str, namespace: str, name: str) -> Path:
 def test_pod_runs_as_processes_and_deletion_kills_them(cluster: Cluster, namespace: str) -> None:
     node = process_node_name(0)
     cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(_manifest("p", node)))
-    _eventually(
+    eventually(
         lambda: _pod(cluster, namespace, "p").get("status", {}).get("phase") == "Running",
         what="pod Running",
     )
     work = _work_dir(cluster, node, namespace, "p")
-    _eventually(lambda: (work / "env").exists(), what="main container output")
+    eventually(lambda: (work / "env").exists(), what="main container output")
     assert (work / "seen").read_text().strip() == "prepared"  # init ran before main
     assert (work / "env").read_text().split() == [node, "p"]
     pod = _pod(cluster, namespace, "p")
@@ -114,7 +102,7 @@ def test_pod_runs_as_processes_and_deletion_kills_them(cluster: Cluster, namespa
     assert all(_pid_alive(pid) for pid in pids)
 
     cluster.kubectl("-n", namespace, "delete", "pod", "p", "--wait=true", timeout=60)
-    _eventually(lambda: not any(_pid_alive(pid) for pid in pids), timeout=10, what="processes gone")
+    eventually(lambda: not any(_pid_alive(pid) for pid in pids), timeout=10, what="processes gone")
 
 
 def test_container_exit_code_is_reported(cluster: Cluster, namespace: str) -> None:
@@ -124,7 +112,7 @@ def test_container_exit_code_is_reported(cluster: Cluster, namespace: str) -> No
     manifest["spec"]["containers"][0].pop("volumeMounts")
     manifest["spec"]["containers"][0]["command"] = _sh("exit 3")
     cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(manifest))
-    pod = _eventually(
+    pod = eventually(
         lambda: (
             (p := _pod(cluster, namespace, "fails")).get("status", {}).get("phase") == "Failed"
             and p
