@@ -4,6 +4,9 @@
 - `node_pool`: kwok GPU nodes of the test's own, labelled with the test's namespace, so
   runs can be pinned to them (`pinned(run, pool)`) and tests never disturb each other or
   the shared nodes; deleted afterwards;
+- `process_nodes`: the shared process-backed nodes, restored after the test: control files
+  (`down`, `gpu-sim.json`, ...) removed, the `trainguard.dev/unhealthy` taint lifted, and
+  every node Ready again, so a scenario that breaks a node leaves nothing behind;
 - `operator`: `trainguard operator` watching the test's namespace; on failure its log,
   `kubectl describe` of the namespace's runs and pods, and the Events are printed. Every
   scenario runs twice: as the cluster admin, and with only the token of the ServiceAccount
@@ -22,9 +25,9 @@ import yaml
 from operator_proc import CRD_FILE, POOL_LABEL, OperatorProcess, diagnostics
 
 from chart import install, token_kubeconfig, uninstall
-from trainguard.api.constants import CRD_NAME
+from trainguard.api.constants import CRD_NAME, TAINT_UNHEALTHY
 from trainguard.devcluster.cluster import Cluster
-from trainguard.devcluster.nodes import gpu_node
+from trainguard.devcluster.nodes import PROCESS_NODE_LABEL, gpu_node
 
 
 @pytest.fixture(scope="session")
@@ -58,6 +61,34 @@ def node_pool(cluster: Cluster, namespace: str) -> Iterator[str]:
         yield namespace
     finally:
         cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
+
+
+@pytest.fixture
+def process_nodes(cluster: Cluster) -> Iterator[list[str]]:
+    """The process-backed nodes' names; whatever a test did to them is undone afterwards."""
+    listed = cluster.kubectl(
+        "get",
+        "nodes",
+        "-l",
+        f"{PROCESS_NODE_LABEL}=true",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    )
+    names = sorted(listed.stdout.split())
+    try:
+        yield names
+    finally:
+        for name in names:
+            control = cluster.root / "procnodes" / name
+            for entry in control.iterdir() if control.is_dir() else []:
+                if entry.is_file():
+                    entry.unlink()
+            cluster.kubectl("taint", "node", name, f"{TAINT_UNHEALTHY}-", check=False)
+        if names:
+            cluster.kubectl(
+                "wait", "--for=condition=Ready", *(f"node/{n}" for n in names), "--timeout=60s",
+                timeout=90,
+            )  # fmt: skip
 
 
 @pytest.fixture(params=["admin", "chart-rbac"])

@@ -81,7 +81,11 @@ def _heartbeat(state: Path) -> dict[str, Any] | None:
 
 
 def test_silent_death_is_detected_in_seconds_and_resumed_in_place(
-    cluster: Cluster, namespace: str, operator: OperatorProcess, shards: Path
+    cluster: Cluster,
+    namespace: str,
+    operator: OperatorProcess,
+    shards: Path,
+    process_nodes: list[str],
 ) -> None:
     apply(cluster, namespace, _run("silent", shards))
 
