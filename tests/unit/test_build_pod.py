@@ -8,9 +8,17 @@ import pytest
 from run_factory import UID, make_run
 
 from trainguard.agent.layers import LAYER_PATH_ENV_PREFIX as AGENT_LAYER_PATH_PREFIX
+from trainguard.agent.layers import Credentials, layer_secrets_env
+from trainguard.agent.main import flush_timeout_from_env
 from trainguard.api import env
 from trainguard.build.constants import LAYER_PATH_ENV_PREFIX
-from trainguard.build.pod import PodInputs, layer_path_env, spec_hash, training_pod
+from trainguard.build.pod import (
+    PodInputs,
+    layer_path_env,
+    spec_hash,
+    training_pod,
+)
+from trainguard.build.pod import layer_secrets_env as built_secrets_env
 
 pytestmark = pytest.mark.unit
 
@@ -150,6 +158,7 @@ def test_every_container_gets_the_whole_env_contract() -> None:
     assert values[env.HASH] == "xxh3"
     assert '"hangAfterSeconds":300' in values[env.MONITOR]
     assert values[env.LAYERS] == "[]"
+    assert values[env.FLUSH_TIMEOUT_SECONDS] == "600"
 
 
 def test_sizes_the_run_does_not_declare_are_left_out() -> None:
@@ -329,6 +338,67 @@ def test_a_deleted_pod_has_time_to_flush_to_a_remote_layer() -> None:
     remote = {"checkpoints": {"remote": [S3_LAYER], "flushTimeoutSeconds": 300}}
     assert pod(remote)["spec"]["terminationGracePeriodSeconds"] == 120 + 300
     assert pod()["spec"]["terminationGracePeriodSeconds"] == 120  # nowhere to flush to
+
+
+HF_LAYER = {
+    "name": "hub-weights",
+    "uri": "hf://org/llm",
+    "contents": "weights",
+    "credentialsSecret": {"name": "hf-token"},
+}
+
+
+def test_layer_secrets_reach_the_agent_and_restore_only() -> None:
+    manifest = pod({"checkpoints": {"remote": [BACKUP_LAYER, S3_LAYER, HF_LAYER]}})
+    by_name = containers(manifest)
+    expected = {
+        "TRAINGUARD_LAYER_SECRETS_S3": "/trainguard/credentials/s3",
+        "TRAINGUARD_LAYER_SECRETS_HUB_WEIGHTS": "/trainguard/credentials/hub-weights",
+    }
+    for name in ("agent", "restore"):
+        values = env_of(by_name[name])
+        found = {k: v for k, v in values.items() if k.startswith("TRAINGUARD_LAYER_SECRETS_")}
+        assert found == expected, name
+        # Each variable names a directory where that layer's Secret is mounted, read-only.
+        for path in expected.values():
+            assert mounts(by_name[name])[path]["readOnly"] is True, (name, path)
+    for name in ("trainer", "preflight"):
+        values = env_of(by_name[name])
+        assert not [k for k in values if k.startswith("TRAINGUARD_LAYER_SECRETS_")], name
+        paths = {m["mountPath"] for m in by_name[name]["volumeMounts"]}
+        assert not [p for p in paths if p.startswith("/trainguard/credentials")], name
+    assert volumes(manifest)["credentials-hub-weights"]["secret"]["secretName"] == "hf-token"
+
+
+def test_a_layer_without_a_secret_gets_no_secrets_variable() -> None:
+    manifest = pod({"checkpoints": {"remote": [BACKUP_LAYER]}})
+    for container in containers(manifest).values():
+        assert not [k for k in env_of(container) if "LAYER_SECRETS" in k], container["name"]
+
+
+def test_layer_secrets_variable_is_the_one_the_agent_reads(tmp_path: Any) -> None:
+    for name in ("s3", "off-site", "hub-weights"):
+        assert built_secrets_env(name) == layer_secrets_env(name)
+    # The agent reads the Secret's keys from the directory the variable names.
+    (tmp_path / "AWS_ACCESS_KEY_ID").write_text("key-id-123456\n")
+    values = env_of(containers(pod({"checkpoints": {"remote": [S3_LAYER]}}))["agent"])
+    environ = {built_secrets_env("s3"): str(tmp_path)}
+    assert values[built_secrets_env("s3")] == "/trainguard/credentials/s3"
+    assert Credentials.from_env("s3", environ).get("AWS_ACCESS_KEY_ID") == "key-id-123456"
+
+
+@pytest.mark.parametrize(("seconds", "expected"), [(300, 300.0), (5, 5.0), (None, 600.0)])
+def test_flush_timeout_reaches_the_agent(seconds: int | None, expected: float) -> None:
+    checkpoints: dict[str, Any] = {"remote": [S3_LAYER]}
+    if seconds is not None:
+        checkpoints["flushTimeoutSeconds"] = seconds
+    values = env_of(containers(pod({"checkpoints": checkpoints}))["agent"])
+    assert flush_timeout_from_env(values) == expected
+
+
+@pytest.mark.parametrize("raw", ["", "soon", "0", "-3"])
+def test_a_bad_flush_timeout_falls_back_to_the_default(raw: str) -> None:
+    assert flush_timeout_from_env({env.FLUSH_TIMEOUT_SECONDS: raw}) == 600.0
 
 
 def test_layer_path_variable_is_the_one_the_agent_reads() -> None:

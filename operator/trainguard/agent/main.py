@@ -26,11 +26,10 @@ from trainguard.agent.shipper import RESTORE_FILENAME, Shipper, layers_from_env
 from trainguard.agent.signals import Collector, newest_saved_step
 from trainguard.agent.verdicts import HEALTHY, HUNG, UNKNOWN, Thresholds, Verdict, classify
 from trainguard.api import constants, env
-from trainguard.api.spec import Monitor
+from trainguard.api.spec import DEFAULT_FLUSH_TIMEOUT_SECONDS, Monitor
 
 ANNOTATION_LAYERS = f"{constants.PREFIX}layers"
 ANNOTATION_RESTORED = f"{constants.PREFIX}restored"
-FLUSH_TIMEOUT_S = 20.0
 ANNOTATION_LIMIT = 1000  # bytes of evidence JSON; all annotations stay well under 1 KiB
 MAX_BACKOFF_S = 30.0
 STACK_WAIT_S = 3.0
@@ -65,6 +64,25 @@ def compact_evidence(verdict: Verdict) -> str:
         data["reason"] = data["reason"][: len(data["reason"]) // 2] + "..."
         text = json.dumps(data, separators=(",", ":"))
     return text
+
+
+def flush_timeout_from_env(environ: dict[str, str]) -> float:
+    """The bound on the flush before exit: `spec.checkpoints.flushTimeoutSeconds`."""
+    raw = environ.get(env.FLUSH_TIMEOUT_SECONDS)
+    if not raw:
+        return float(DEFAULT_FLUSH_TIMEOUT_SECONDS)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        # A bad value must not stop the agent (it never crash-loops): say so, use the default.
+        log(
+            f"{env.FLUSH_TIMEOUT_SECONDS}={raw!r} is not a positive number of seconds; "
+            f"flushing for at most {DEFAULT_FLUSH_TIMEOUT_SECONDS}s"
+        )
+        return float(DEFAULT_FLUSH_TIMEOUT_SECONDS)
+    return value
 
 
 @dataclass
@@ -135,6 +153,7 @@ class Agent:
         self.interval = float(monitor.interval_seconds)
         self.thresholds = thresholds_from_monitor(monitor)
         self.lease_duration = int(monitor.lease_duration_seconds)
+        self.flush_timeout = flush_timeout_from_env(environ)
         marker = f"{env.L1_DIR}={self.paths.l1}".encode()
         self.collector = Collector(
             heartbeat_file=self.paths.heartbeat,
@@ -230,7 +249,7 @@ class Agent:
         if self.shipper is not None:
             # The pod is being deleted: its emptyDir dies with it, so the newest verified
             # checkpoint goes to a remote layer first (bounded by the grace period).
-            flushed = self.shipper.flush(FLUSH_TIMEOUT_S)
+            flushed = self.shipper.flush(self.flush_timeout)
             log(f"flush before exit: {'done' if flushed else 'not completed'}")
             with contextlib.suppress(Exception):
                 self.report(self.verdict or classify_unknown(), force=True)

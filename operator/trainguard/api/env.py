@@ -29,6 +29,7 @@ spell the strings elsewhere.
 | TRAINGUARD_DATA_SOURCE | data source of `stage-data`: a directory (source PVC mount) or URI |
 | TRAINGUARD_DATA_BYTES | expected size of the staged data, bytes (`preflight` free space) |
 | TRAINGUARD_CKPT_BYTES | size of one full checkpoint, bytes (`preflight` test file, free space) |
+| TRAINGUARD_FLUSH_TIMEOUT_SECONDS | bound on the flush to a remote layer when the pod is deleted |
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ LAYERS = "TRAINGUARD_LAYERS"
 DATA_SOURCE = "TRAINGUARD_DATA_SOURCE"
 DATA_BYTES = "TRAINGUARD_DATA_BYTES"
 CKPT_BYTES = "TRAINGUARD_CKPT_BYTES"
+FLUSH_TIMEOUT_SECONDS = "TRAINGUARD_FLUSH_TIMEOUT_SECONDS"
 
 # Default mount paths inside a training pod.
 DEFAULT_L1_DIR = "/trainguard/l1"

@@ -54,6 +54,9 @@ CREDENTIALS_DIR = "/trainguard/credentials"
 # Where a `file://` layer's volume is mounted, per layer: `TRAINGUARD_LAYER_PATH_<NAME>`
 # (name upper-cased, '-' as '_'), as the agent reads it (trainguard.agent.layers).
 LAYER_PATH_ENV_PREFIX = "TRAINGUARD_LAYER_PATH_"
+# Where a layer's credentials Secret is mounted, per layer with a `credentialsSecret`:
+# `TRAINGUARD_LAYER_SECRETS_<NAME>` (same spelling), set in the agent and `restore` only.
+LAYER_SECRETS_ENV_PREFIX = "TRAINGUARD_LAYER_SECRETS_"
 
 # Sizing. A full checkpoint holds weights, gradients' master copy and two Adam moments:
 # about 16 bytes per parameter (bf16 weights + fp32 master + fp32 m and v, rounded up).

@@ -37,6 +37,7 @@ from trainguard.build.constants import (
     INIT_MEMORY,
     INIT_MEMORY_LIMIT,
     LAYER_PATH_ENV_PREFIX,
+    LAYER_SECRETS_ENV_PREFIX,
     LOG_DIR,
     LOG_VOLUME_BYTES,
     REMOTE_VOLUME_PREFIX,
@@ -130,6 +131,11 @@ def layer_path_env(layer: str) -> str:
     return LAYER_PATH_ENV_PREFIX + layer.upper().replace("-", "_")
 
 
+def layer_secrets_env(layer: str) -> str:
+    """The variable that tells the agent and `restore` where a layer's Secret is mounted."""
+    return LAYER_SECRETS_ENV_PREFIX + layer.upper().replace("-", "_")
+
+
 def contract_env(run: TrainingRun, attempt: int) -> list[dict[str, Any]]:
     """The env contract (`trainguard.api.env`) as every container of the pod sees it."""
     name = run_name(run)
@@ -152,6 +158,7 @@ def contract_env(run: TrainingRun, attempt: int) -> list[dict[str, Any]]:
         env.HASH: spec.checkpoints.hash_algorithm.value,
         env.MONITOR: _json(spec.monitor.to_object()),
         env.LAYERS: _json([layer.to_object() for layer in spec.checkpoints.remote]),
+        env.FLUSH_TIMEOUT_SECONDS: str(spec.checkpoints.flush_timeout_seconds),
     }
     sizes = disk_sizes(spec)
     if sizes.checkpoint is not None:
@@ -230,11 +237,27 @@ def _remote_mounts(spec: TrainingRunSpec, read_only: bool) -> list[dict[str, Any
         for layer in _remote_claims(spec)
     ]
     mounts += [
-        _mount(CREDENTIALS_VOLUME_PREFIX + layer.name, f"{CREDENTIALS_DIR}/{layer.name}", True)
+        _mount(CREDENTIALS_VOLUME_PREFIX + layer.name, _credentials_dir(layer), True)
         for layer in spec.checkpoints.remote
         if layer.credentials_secret is not None
     ]
     return mounts
+
+
+def _credentials_dir(layer: RemoteLayer) -> str:
+    return f"{CREDENTIALS_DIR}/{layer.name}"
+
+
+def _with_credentials(
+    spec: TrainingRunSpec, env_common: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    # Only the containers that mount the Secrets (agent, restore) learn where they are.
+    found = [
+        {"name": layer_secrets_env(layer.name), "value": _credentials_dir(layer)}
+        for layer in spec.checkpoints.remote
+        if layer.credentials_secret is not None
+    ]
+    return [*copy.deepcopy(env_common), *found]
 
 
 def _small(cpu: str, memory: str, memory_limit: str) -> dict[str, Any]:
@@ -249,7 +272,7 @@ def _agent(spec: TrainingRunSpec, image: str, env_common: list[dict[str, Any]]) 
         "image": image,
         "command": list(AGENT_COMMAND),
         "restartPolicy": "Always",
-        "env": copy.deepcopy(env_common),
+        "env": _with_credentials(spec, env_common),
         "resources": _small(AGENT_CPU, AGENT_MEMORY, AGENT_MEMORY_LIMIT),
         "securityContext": _restricted(add),
         "volumeMounts": [
@@ -310,7 +333,7 @@ def _init_steps(
             _init_step(
                 Container.RESTORE,
                 image,
-                env_common,
+                _with_credentials(spec, env_common),
                 [_l1_mount(spec), _state_mount(), *_remote_mounts(spec, read_only=True)],
             )
         )
