@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from trainguard.agent.gpu import SimulatedProbe, publish
+from trainguard.agent.signals import Collector
 from trainguard.agent.verdicts import (
     DEAD,
+    EVIDENCE_CAUSE,
     GHOST_MEMORY,
     HEALTHY,
     HUNG,
@@ -111,6 +120,16 @@ CASES = [
         replace(ALIVE, process_state="T", seconds_since_step_advanced=3),
         SLOW,
     ),
+    (
+        "restarted in place, the dead one's memory still held past the bound",
+        replace(ALIVE, gpu_unattributed_mib=1500, seconds_held_since_death=5),
+        GHOST_MEMORY,
+    ),
+    (
+        "restarted in place, the dead one's memory held within the bound",
+        replace(ALIVE, gpu_unattributed_mib=1500, seconds_held_since_death=4),
+        HEALTHY,
+    ),
     ("below the expected rate", replace(ALIVE, tokens_per_s=50), SLOW),
     ("old log but advancing: slow, never dead", replace(ALIVE, log_age_s=600), SLOW),
 ]
@@ -128,3 +147,105 @@ def test_log_age_alone_never_yields_dead_or_hung() -> None:
     for age in (0, 59, 60, 3600, 86400):
         verdict = classify(replace(ALIVE, log_age_s=age), T)
         assert verdict.name in (HEALTHY, SLOW)
+
+
+NOT_RELEASED_CASES = [
+    replace(ALIVE, process_alive=False, seconds_since_death=6, gpu_used_mib=9000),
+    replace(ALIVE, gpu_unattributed_mib=1500, seconds_held_since_death=5),
+]
+
+
+@pytest.mark.parametrize("signals", NOT_RELEASED_CASES)
+def test_memory_not_released_after_a_death_names_its_cause(signals: Signals) -> None:
+    verdict = classify(signals, T)
+    assert verdict.name == GHOST_MEMORY
+    assert verdict.evidence[EVIDENCE_CAUSE] == "GPUMemoryNotReleased"
+    assert "not released" in verdict.reason
+
+
+def test_ghost_memory_without_a_death_has_no_narrower_cause() -> None:
+    verdict = classify(replace(ALIVE, gpu_unattributed_mib=30000), T)
+    assert verdict.name == GHOST_MEMORY
+    assert EVIDENCE_CAUSE not in verdict.evidence
+
+
+class Pod:
+    """A trainer process, its heartbeat and the supervisor's simulated GPU readings."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.heartbeat = root / "heartbeat.json"
+        self.gpu_file = root / "gpu.json"
+        self.sim = root / "gpu-sim.json"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.collector = Collector(
+            heartbeat_file=self.heartbeat,
+            gpu_file=self.gpu_file,
+            l1_dir=root / "l1",
+            log_file=None,
+            marker=b"TRAINGUARD_TEST_MARKER=" + str(root).encode(),
+        )
+
+    def start(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        beat = {"pid": self.process.pid, "step": 10, "time": time.time(), "phase": "training"}
+        self.heartbeat.write_text(json.dumps(beat))
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def ghost(self, mib: float) -> None:
+        self.sim.write_text(json.dumps({"ghost_mib": mib}))
+
+    def observe(self, now: float) -> Signals:
+        alive = self.process is not None and self.process.poll() is None
+        probe = SimulatedProbe(self.sim, lambda: [2048.0] if alive else [])
+        publish(probe.read(), self.gpu_file)
+        return self.collector.collect(now, time.time())
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.kill()
+
+
+@pytest.fixture
+def pod(tmp_path: Path) -> Iterator[Pod]:
+    made = Pod(tmp_path)
+    yield made
+    made.stop()
+
+
+@pytest.mark.timeout(30)
+def test_memory_left_by_a_death_is_timed_across_the_restart(pod: Pod) -> None:
+    pod.start()
+    assert pod.observe(0.0).seconds_held_since_death is None
+    pod.ghost(1500)  # under the ghost threshold: alone, it is no verdict
+    assert classify(pod.observe(1.0), T).name == HEALTHY
+    pod.kill()
+    dead = pod.observe(2.0)
+    assert classify(dead, T).name == DEAD
+    assert dead.seconds_held_since_death == 0.0
+    pod.start()  # the supervisor's restart in place
+    restarted = pod.observe(4.0)
+    assert restarted.process_alive and restarted.seconds_held_since_death == 2.0
+    assert classify(restarted, T).name == HEALTHY
+    held = pod.observe(7.5)
+    verdict = classify(held, T)
+    assert verdict.name == GHOST_MEMORY, verdict.reason
+    assert verdict.evidence[EVIDENCE_CAUSE] == "GPUMemoryNotReleased"
+    assert verdict.evidence["held_s"] == "5.5"
+
+
+@pytest.mark.timeout(30)
+def test_memory_released_after_a_death_ends_the_watch(pod: Pod) -> None:
+    pod.start()
+    pod.observe(0.0)
+    pod.kill()
+    assert pod.observe(1.0).seconds_held_since_death is None  # released at once
+    pod.start()
+    pod.ghost(1500)  # memory that appears later is no death's leftover
+    later = pod.observe(20.0)
+    assert later.seconds_held_since_death is None
+    assert classify(later, T).name == HEALTHY

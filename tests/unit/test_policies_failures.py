@@ -120,3 +120,21 @@ def test_a_repeated_failure_with_stop_fails_the_run() -> None:
     assert kinds["RepeatedFailureAtStep"] == ("True", "RepeatedFailureAtStep")
     assert kinds["Failed"] == ("True", "RepeatedFailureAtStep")
     assert given_up(second) and not given_up(first)
+
+
+@pytest.mark.parametrize(
+    ("second_attempt", "first_cause", "expected"),
+    [
+        (2, "Dead", ("Reschedule", False)),  # the death's memory, left behind: its aftermath
+        (2, "GhostMemory", ("Fail", True)),  # node cause twice at the step: a pattern
+        (3, "Dead", ("Fail", True)),  # a later attempt failing at the step: a pattern
+    ],
+)
+def test_memory_left_by_a_death_is_its_aftermath_not_a_repeat(
+    second_attempt: int, first_cause: str, expected: tuple[str, bool]
+) -> None:
+    first = _decide(NONE, Found(Failure(first_cause, 120, True), "gpu-a", "exit 1"))
+    status = first.model_copy(update={"attempt": second_attempt})
+    found = Found(Failure("GhostMemory", 120, True), "gpu-a", "not released")
+    decision = ladder.decide(found.failure, history(status, found), Recovery())
+    assert (decision.action.value, decision.repeated) == expected

@@ -162,6 +162,7 @@ class Agent:
             log_file=self.paths.log,
             marker=marker,
             gpu_stale_s=max(5.0, 5 * self.interval),
+            released_mib=self.thresholds.released_mib,
         )
         self.verdict: Verdict | None = None
         self.killed_pid: int | None = None

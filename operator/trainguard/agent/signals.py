@@ -137,11 +137,15 @@ class Collector:
     log_file: Path | None
     marker: bytes  # an env entry only this run's trainer has (e.g. its L1 path)
     gpu_stale_s: float = 5.0
+    # GPU memory at or below this counts as released (the classifier's `released_mib`).
+    released_mib: float = 512.0
     proc: Path = Path("/proc")
 
     def __post_init__(self) -> None:
         self.pid: int | None = None
         self.died_at: float | None = None
+        # The last death whose memory has not been seen released yet (kept across restarts).
+        self.unreleased_death_at: float | None = None
         self.d_since: float | None = None
         self.step: int | None = None
         self.step_changed_at: float | None = None
@@ -162,7 +166,7 @@ class Collector:
         state = proc_state(self.pid, self.proc) if self.pid is not None else None
         alive = state is not None and state != "Z"
         if self.pid is not None and not alive and self.died_at is None:
-            self.died_at = now
+            self.died_at = self.unreleased_death_at = now
         if state == "D":
             self.d_since = self.d_since if self.d_since is not None else now
         else:
@@ -176,6 +180,7 @@ class Collector:
             and snapshot.available
             and wall_now - snapshot.time <= self.gpu_stale_s
         )
+        held_s = self._held_since_death(now, alive, snapshot if self.gpu_fresh else None)
         return Signals(
             trainer_seen=self.pid is not None,
             process_alive=alive,
@@ -195,7 +200,27 @@ class Collector:
             gpu_unattributed_mib=snapshot.unattributed_mib if self.gpu_fresh and snapshot else None,
             log_age_s=self._log_age(wall_now),
             seconds_since_start=now - self.pid_seen_at if self.pid is not None else 0.0,
+            seconds_held_since_death=held_s,
         )
+
+    def _held_since_death(
+        self, now: float, alive: bool, snapshot: gpu.GpuSnapshot | None
+    ) -> float | None:
+        """Seconds since the last death while its memory is still held by no live process.
+
+        While the trainer is gone, all used memory is left over; once the supervisor has
+        restarted it, what no live process accounts for is. NVML's PIDs are host PIDs, so
+        this reasons from totals only. A reading at or below the released bound ends it.
+        """
+        if self.unreleased_death_at is None or snapshot is None:
+            return None
+        leftover = snapshot.used_mib if not alive else snapshot.unattributed_mib
+        if leftover is None:
+            return None  # the driver cannot attribute memory per process: no judgement
+        if leftover <= self.released_mib:
+            self.unreleased_death_at = None
+            return None
+        return now - self.unreleased_death_at
 
     def _log_age(self, wall_now: float) -> float | None:
         if self.log_file is None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainguard.api.constants import Reason
+
 HEALTHY = "Healthy"
 SLOW = "Slow"
 HUNG = "Hung"
@@ -19,6 +21,10 @@ IO_STUCK = "IOStuck"
 UNKNOWN = "Unknown"  # nothing to judge yet (trainer not started)
 
 VERDICTS = (HEALTHY, SLOW, HUNG, DEAD, GHOST_MEMORY, IO_STUCK, UNKNOWN)
+# Evidence key naming the operator's cause when it is narrower than the verdict: memory not
+# released after a death is a GhostMemory verdict whose cause is GPUMemoryNotReleased.
+EVIDENCE_CAUSE = "cause"
+NOT_RELEASED = Reason.GPU_MEMORY_NOT_RELEASED.value
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,9 @@ class Signals:
     gpu_unattributed_mib: float | None = None  # used by no live process (driver's view)
     log_age_s: float | None = None
     seconds_since_start: float = float("inf")  # since this trainer process was first seen
+    # Since the last death, while the memory it left (held by no live process) has stayed
+    # above the released bound at every reading; None: no such death, released, or unknown.
+    seconds_held_since_death: float | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,8 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
         "gpu_orphan_mib": _fmt(s.gpu_unattributed_mib),
         "fw_reserved_mib": _fmt(s.framework_reserved_mib),
     }
+    if s.seconds_held_since_death is not None:
+        evidence["held_s"] = _fmt(s.seconds_held_since_death)
     if not s.trainer_seen:
         return Verdict(UNKNOWN, "trainer process not started yet", evidence)
 
@@ -106,9 +117,19 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
                 GHOST_MEMORY,
                 f"trainer gone {since:.0f}s but the driver still reports "
                 f"{s.gpu_used_mib:.0f} MiB used: memory not released after death",
-                evidence,
+                {**evidence, EVIDENCE_CAUSE: NOT_RELEASED},
             )
         return Verdict(DEAD, "trainer process absent", evidence)
+
+    held_s = s.seconds_held_since_death
+    if held_s is not None and held_s >= t.release_after_death_s:
+        # Restarted in place, but what the dead process held is still held by no live one.
+        return Verdict(
+            GHOST_MEMORY,
+            f"{s.gpu_unattributed_mib or 0.0:.0f} MiB held by no live process "
+            f"{held_s:.0f}s after the trainer died: memory not released after death",
+            {**evidence, EVIDENCE_CAUSE: NOT_RELEASED},
+        )
 
     if s.process_state == "D" and s.seconds_in_d_state >= t.io_stuck_after_s:
         return Verdict(

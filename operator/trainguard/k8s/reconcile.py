@@ -155,7 +155,7 @@ def escalate(
     found = failures.detect(status, seen)
     if found is None:
         return None, []
-    decision = ladder.decide(found.failure, failures.history(status), run.spec.recovery)
+    decision = ladder.decide(found.failure, failures.history(status, found), run.spec.recovery)
     generation = run.metadata.generation
     recorded = failures.record(status, found, decision, status.attempt, generation, now)
     if decision.taint_node and found.node is not None:

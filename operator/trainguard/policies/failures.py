@@ -88,10 +88,24 @@ def detect(status: TrainingRunStatus, seen: Observation) -> Found | None:
     return Found(failure, seen.pod.node, message)
 
 
-def history(status: TrainingRunStatus) -> History:
-    """What the ladder needs from the status."""
+def history(status: TrainingRunStatus, found: Found | None = None) -> History:
+    """What the ladder needs from the status.
+
+    A node cause found on the attempt whose software death was the last failure (memory the
+    dead trainer left behind, seen once it was restarted in place) is that death's aftermath,
+    not a second failure at the same step: it does not count toward `RepeatedFailureAtStep`.
+    """
     last = status.last_failure
-    return History(status.restarts, status.in_place_restarts, last.step if last else None)
+    step = last.step if last else None
+    if (
+        last is not None
+        and found is not None
+        and last.attempt == status.attempt
+        and last.cause in ladder.SOFTWARE_CAUSES
+        and found.failure.cause in ladder.NODE_CAUSES
+    ):
+        step = None
+    return History(status.restarts, status.in_place_restarts, step)
 
 
 def record(
