@@ -10,10 +10,17 @@ steps. Segments run in ABBA order:
   (install them with hack/install-test-services.sh), with the shipper's bounded concurrency
   and an optional bandwidth cap (`--cap-mbps`).
 
-The target is a throughput ratio of at least 0.97. On a small host the servers, the uploads
-and the training loop share the same cores, which a GPU node does not: read the ratio with
-the core count printed beside it. Then each layer's upload throughput: one put of one
-checkpoint, alone. Prints ONE JSON object on stdout; progress goes to stderr.
+The shipper runs in a process of its own, as it does in the agent sidecar: a thread in the
+training process would contend for the training loop's interpreter lock, which no deployment
+does. By default (`--placement split`, on hosts with at least two cores) the training
+process keeps the first `--train-threads` cores and everything else — the shipper, the S3
+server and the sshd — runs on the remaining ones: on a GPU node the storage servers are other
+machines and the node has cores to spare for its sidecar, while on a 2-core host they would
+otherwise time-share the trainer's core. `--placement shared` measures the host without any
+placement; the report says which was used.
+
+The target is a throughput ratio of at least 0.97. Then each layer's upload throughput: one
+put of one checkpoint, alone. Prints ONE JSON object on stdout; progress goes to stderr.
 
     python bench/shipping.py --size-mb 256 --segments 2
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -29,14 +37,14 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS, Sshd, start_sshd  # noqa: E402
+from servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS, start_sshd  # noqa: E402
 
 from checkpoint import MATMUL_SIZE, calibrate_step, make_state, progress, timed  # noqa: E402
 from trainguard.agent.layers import (  # noqa: E402
@@ -62,26 +70,61 @@ MB = 1e6
 BUCKET = "bench"
 
 
-def layers(s3: SeaweedFS, sshd: Sshd, base: Path, prefix: str) -> list[Layer]:
+class Servers(NamedTuple):
+    """Where the layers' servers answer (plain values: they cross to the shipper process)."""
+
+    s3_endpoint: str
+    ssh_user: str
+    ssh_port: int
+    ssh_client_key: Path
+    ssh_known_hosts: Path
+    ssh_root: Path  # the directory the ssh:// layers write under
+
+
+def layers(servers: Servers, base: Path, prefix: str) -> list[Layer]:
     """An s3:// and an ssh:// layer under `prefix` (each run of puts gets its own)."""
     s3_credentials = Credentials(
         {
             SECRET_KEY_S3_ACCESS_KEY_ID: S3_ACCESS_KEY,
             SECRET_KEY_S3_SECRET_ACCESS_KEY: S3_SECRET_KEY,
-            SECRET_KEY_S3_ENDPOINT_URL: s3.endpoint,
+            SECRET_KEY_S3_ENDPOINT_URL: servers.s3_endpoint,
         }
     )
     secret = base / "ssh-secret"  # as the operator mounts the layer's Secret
     secret.mkdir(exist_ok=True)
-    shutil.copy(sshd.client_key, secret / SECRET_KEY_SSH_PRIVATE_KEY)
-    shutil.copy(sshd.known_hosts, secret / SECRET_KEY_SSH_KNOWN_HOSTS)
+    shutil.copy(servers.ssh_client_key, secret / SECRET_KEY_SSH_PRIVATE_KEY)
+    shutil.copy(servers.ssh_known_hosts, secret / SECRET_KEY_SSH_KNOWN_HOSTS)
     ssh_credentials = Credentials.from_env("ssh", {layer_secrets_env("ssh"): str(secret)})
     s3_config = LayerConfig("s3", f"s3://{BUCKET}/{prefix}", keep=2)
-    ssh_uri = f"ssh://{sshd.user}@127.0.0.1:{sshd.port}{base / 'ssh-remote' / prefix}"
+    remote = servers.ssh_root / prefix
+    ssh_uri = f"ssh://{servers.ssh_user}@127.0.0.1:{servers.ssh_port}{remote}"
     return [
         open_s3(s3_config, s3_credentials, {}),
         open_ssh(LayerConfig("ssh", ssh_uri, keep=2), ssh_credentials),
     ]
+
+
+def _ship_process(
+    l1: Path,
+    servers: Servers,
+    base: Path,
+    prefix: str,
+    cap: float | None,
+    cores: set[int] | None,
+    ready: Any,
+    stop: Any,
+    result: Any,
+) -> None:
+    """The agent's shipping, in a process of its own: ship until told to stop, report states."""
+    if cores:
+        os.sched_setaffinity(0, cores)
+    shipper = Shipper(l1, layers(servers, base, prefix), 0.2, bandwidth_bytes_per_s=cap)
+    shipper.start()
+    ready.set()
+    stop.wait()
+    shipper.stop()
+    shipper.join()  # the rest of its upload is not training time
+    result.put(shipper.states())
 
 
 def segment(
@@ -126,6 +169,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--segments", type=int, default=2, help="segment pairs (ABBA)")
     parser.add_argument("--train-threads", type=int, default=1, help="threads of a train step")
     parser.add_argument("--cap-mbps", type=float, default=0, help="bandwidth cap, 0: none")
+    parser.add_argument(
+        "--placement",
+        choices=["split", "shared"],
+        default="split",
+        help="split: training keeps its own cores, the rest run elsewhere; shared: no placement",
+    )
+    parser.add_argument(
+        "--remote-dir",
+        type=Path,
+        default=Path("/dev/shm"),
+        help="where the S3 and SSH servers keep their data (not the L1 disk: they stand for "
+        "other machines)",
+    )
     parser.add_argument("--dir", type=Path, help="where to work (default: a temporary dir)")
     return parser.parse_args(argv)
 
@@ -135,11 +191,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     base = args.dir or Path(tempfile.mkdtemp(prefix="tg-ship-", dir="/var/tmp"))
     base.mkdir(parents=True, exist_ok=True)
-    s3 = SeaweedFS(base / "seaweedfs")
+    all_cores = os.sched_getaffinity(0)
+    train_cores = set(sorted(all_cores)[: args.train_threads])
+    other_cores = all_cores - train_cores
+    split = args.placement == "split" and bool(other_cores)
+    if split:
+        os.sched_setaffinity(0, other_cores)  # the servers started now inherit it
+    # The servers stand for other machines: their storage must not be the node's L1 disk.
+    remote = Path(tempfile.mkdtemp(prefix="tg-ship-remote-", dir=args.remote_dir))
+    s3 = SeaweedFS(remote / "seaweedfs")
     s3.start()
     s3.client().create_bucket(Bucket=BUCKET)
-    (base / "sshd").mkdir(exist_ok=True)
-    sshd = start_sshd(base / "sshd")
+    (remote / "sshd").mkdir(exist_ok=True)
+    sshd = start_sshd(remote / "sshd")
+    servers = Servers(
+        s3.endpoint, sshd.user, sshd.port, sshd.client_key, sshd.known_hosts, remote / "ssh-data"
+    )
+    if split:
+        os.sched_setaffinity(0, train_cores)
+    spawn = multiprocessing.get_context("spawn")
     try:
         torch.set_num_threads(args.train_threads)
         state = make_state(args.size_mb * MB / 1e9)
@@ -161,20 +231,28 @@ def main(argv: list[str] | None = None) -> int:
             ship = (index % 4) in (1, 2)  # ABBA: L1, ship, ship, L1, ...
             shipper = None
             if ship:
+                ready, stop, result = spawn.Event(), spawn.Event(), spawn.Queue()
                 cap = args.cap_mbps * MB or None
-                shipper = Shipper(
-                    l1, layers(s3, sshd, base, f"seg{index}"), 0.2, bandwidth_bytes_per_s=cap
-                )
+                shipper = spawn.Process(
+                    target=_ship_process,
+                    args=(l1, servers, base, f"seg{index}", cap, other_cores if split else None,
+                          ready, stop, result),
+                )  # fmt: skip
                 shipper.start()
+                if split:  # before its imports, which would otherwise run on training's cores
+                    os.sched_setaffinity(shipper.pid, other_cores)
+                # A sidecar is up before training: its start-up is not the segment's time.
+                if not ready.wait(timeout=120):
+                    raise RuntimeError("the shipper process did not start")
             seconds = segment(
                 run, writer, state, steps=args.segment_steps, every=args.ckpt_every, first_step=step
             )
             step += args.segment_steps
             if shipper is not None:
-                shipper.stop()
-                shipper.join()  # the rest of its upload is not training time
+                stop.set()
+                states = result.get(timeout=600)
+                shipper.join()
                 shipping.append(seconds)
-                states = shipper.states()
                 progress(f"segment {index}: shipping {seconds:.2f}s, layers {states}")
             else:
                 alone.append(seconds)
@@ -182,9 +260,14 @@ def main(argv: list[str] | None = None) -> int:
         writer.close()
         newest = find_newest_valid(l1).newest
         assert newest is not None
-        rates = upload_rates(layers(s3, sshd, base, "upload"), newest.path)
+        rates = upload_rates(layers(servers, base, "upload"), newest.path)
         report = {
             "cores": os.cpu_count(),
+            "placement": {
+                "mode": "split" if split else "shared",
+                "training_cores": sorted(train_cores if split else all_cores),
+                "shipper_and_servers_cores": sorted(other_cores if split else all_cores),
+            },
             "checkpoint_mb": args.size_mb,
             "ckpt_every_steps": args.ckpt_every,
             "step_seconds": args.step_seconds,
@@ -198,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sshd.stop()
         s3.kill()
+        shutil.rmtree(remote, ignore_errors=True)
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
     return 0

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from trainguard.agent.layers import FileLayer, LayerConfig, open_layer
-from trainguard.agent.shipper import FAILED, VERIFIED, Shipper, restore
+from trainguard.agent.layers import FileLayer, LayerConfig, Transfer, open_layer
+from trainguard.agent.shipper import FAILED, SHIPPER_NICE, VERIFIED, Shipper, restore
 from trainguard.ckpt import CheckpointTransaction, Contents, scan, step_dirname
 
 pytestmark = pytest.mark.unit
@@ -119,3 +121,38 @@ def test_open_layer_uses_the_mounted_path(tmp_path: Path) -> None:
     layer = open_layer(cfg, {"TRAINGUARD_LAYER_PATH_NFS_BACKUP": str(tmp_path)})
     assert isinstance(layer, FileLayer)
     assert layer.root == tmp_path
+
+
+def _nice_of_thread(native_id: int) -> int:
+    # /proc/<pid>/task/<tid>/stat: field 19 is the nice value (after the parenthesised name).
+    stat = Path(f"/proc/self/task/{native_id}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+def test_shipping_runs_at_a_lower_cpu_priority_than_training(tmp_path: Path) -> None:
+    l1, remote = tmp_path / "l1", tmp_path / "remote"
+    seen: list[int] = []
+
+    class Watching(FileLayer):
+        def put(self, checkpoint: Path, transfer: Transfer | None = None) -> None:
+            # Runs on one of the shipper's upload threads.
+            seen.append(_nice_of_thread(threading.get_native_id()))
+            super().put(checkpoint, transfer)
+
+    _save(l1, 10)
+    layer = Watching(LayerConfig("backup", f"file://{remote}"), remote)
+    shipper = Shipper(l1, [layer], poll_s=0.05)
+    shipper.start()
+    try:
+        for _ in range(200):
+            if layer.steps():
+                break
+            time.sleep(0.05)
+        assert shipper.native_id is not None
+        assert _nice_of_thread(shipper.native_id) == SHIPPER_NICE
+    finally:
+        shipper.stop()
+        shipper.join(timeout=10)
+    assert layer.steps() == [10]
+    assert seen and all(nice == SHIPPER_NICE for nice in seen), seen
+    assert _nice_of_thread(threading.get_native_id()) == 0  # the caller's own is untouched

@@ -17,6 +17,7 @@ brings it into L1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -42,6 +43,10 @@ DEFAULT_MAX_CONCURRENT = 2
 # A burst of this many seconds of the cap may go out at once; one upload chunk (a few MiB)
 # must fit in it, or every chunk would wait.
 BURST_S = 1.0
+# Shipping runs at a lower CPU priority than anything else in its container (on Linux a
+# thread's nice value is its own, and threads it starts inherit it): where the agent's CPU is
+# shared with the training process, training wins every contended slice.
+SHIPPER_NICE = 10
 
 
 @dataclass
@@ -237,6 +242,8 @@ class Shipper(threading.Thread):
 
     def run(self) -> None:
         """Poll L1 and ship until stopped; errors are recorded, never fatal."""
+        with contextlib.suppress(OSError):  # lowering one's own priority needs no privilege
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SHIPPER_NICE)
         while not self._stopping.is_set():
             try:
                 self.ship_once()
