@@ -9,10 +9,12 @@
   node and phase reach the status at once.
 - `run_leases` (index): each run's heartbeat Lease as the agent last renewed it.
 - `lease_changed` (any event of a heartbeat Lease): a cycle at once when the agent's verdict
-  turns to a failure the status does not show yet; other renewals wait for the resync.
+  turns to a failure the status does not show yet, or when it carries an init step's report
+  (preflight result, staging progress) the status lacks; other renewals wait for the resync.
 
 Cycles are `trainguard.k8s.reconcile.reconcile`; they run in a thread pool through
 `asyncio.to_thread` (the Kubernetes client blocks), never two at a time for the same run.
+A cycle that holds a restart back-off books one more cycle for when it ends.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from trainguard.k8s.leases import lease_view
 from trainguard.k8s.pods import pod_view
 from trainguard.k8s.reconcile import Outcome, Settings, reconcile
 from trainguard.operator_config import OperatorConfig
-from trainguard.policies import signals
+from trainguard.policies import initsteps, signals
 from trainguard.policies.lifecycle import PodView
 from trainguard.policies.signals import LeaseView
 
@@ -89,9 +91,10 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any
     memo.kube = await asyncio.to_thread(Kube.connect, config.kubeconfig, config.workers)
     memo.settings = Settings(config.agent_image, config.network, config.instance)
     memo.records = RunRecords()
-    memo.resync = asyncio.create_task(
-        _resync(memo, kwargs[RUNS], kwargs[RUN_PODS], kwargs[RUN_LEASES], config.resync_seconds)
-    )
+    memo.loop = asyncio.get_running_loop()
+    memo.booked = set()
+    memo.indexes = (kwargs[RUNS], kwargs[RUN_PODS], kwargs[RUN_LEASES])
+    memo.resync = asyncio.create_task(_resync(memo, config.resync_seconds))
 
 
 @kopf.on.login()
@@ -163,7 +166,8 @@ async def lease_changed(
     key = (namespace, labels[LABEL_RUN])
     lease = lease_view(dict(body))
     for run in _indexed(kwargs, RUNS, key):
-        if signals.urgent(lease, memo.records.get(run["metadata"]["uid"]).last_status(run)):
+        status = memo.records.get(run["metadata"]["uid"]).last_status(run)
+        if signals.urgent(lease, status) or initsteps.news(run["metadata"]["name"], lease, status):
             pods = _indexed(kwargs, RUN_PODS, key)
             await asyncio.to_thread(_cycle_logged, memo, run, pods, lease)
 
@@ -189,7 +193,36 @@ def _cycle(
     with record.lock:
         outcome = reconcile(memo.kube, body, list(pods), memo.settings, full, record.status, lease)
         record.status = outcome.status
+        if outcome.retry_after is not None and not record.due:
+            # A restart back-off ends without any watch event: the cycle is booked for then.
+            record.due = True
+            meta = body["metadata"]
+            key = (meta.get("namespace"), meta["name"])
+            memo.loop.call_soon_threadsafe(_book, memo, key, record, outcome.retry_after)
         return outcome
+
+
+def _book(memo: Any, key: tuple[str | None, str], record: RunRecord, delay: float) -> None:
+    task = asyncio.create_task(_cycle_later(memo, key, record, delay))
+    memo.booked.add(task)  # held until done: the loop keeps only weak references
+    task.add_done_callback(memo.booked.discard)
+
+
+async def _cycle_later(
+    memo: Any, key: tuple[str | None, str], record: RunRecord, delay: float
+) -> None:
+    await asyncio.sleep(delay)
+    record.due = False
+    await _cycle_key(memo, key)
+
+
+async def _cycle_key(memo: Any, key: tuple[str | None, str]) -> None:
+    """A cycle of one run from the indexes as they are now."""
+    runs, run_pods, run_leases = memo.indexes
+    for body in list(runs.get(key, [])):
+        pods = list(run_pods.get(key, []))
+        lease = next(iter(run_leases.get(key, [])), None)
+        await asyncio.to_thread(_cycle_logged, memo, body, pods, lease)
 
 
 def _cycle_logged(
@@ -202,21 +235,13 @@ def _cycle_logged(
         log.exception("cycle of %s/%s failed", meta.get("namespace"), meta.get("name"))
 
 
-async def _resync(
-    memo: Any,
-    runs: kopf.Index[Any, dict[str, Any]],
-    run_pods: kopf.Index[Any, PodView],
-    run_leases: kopf.Index[Any, LeaseView],
-    every: float,
-) -> None:
+async def _resync(memo: Any, every: float) -> None:
+    runs: kopf.Index[Any, dict[str, Any]] = memo.indexes[0]
     while True:
         await asyncio.sleep(every)
         try:
             for key in list(runs):
-                for body in list(runs.get(key, [])):
-                    pods = list(run_pods.get(key, []))
-                    lease = next(iter(run_leases.get(key, [])), None)
-                    await asyncio.to_thread(_cycle_logged, memo, body, pods, lease)
+                await _cycle_key(memo, key)
             memo.records.forget_all_but(
                 {b["metadata"]["uid"] for k in list(runs) for b in runs.get(k, [])}
             )
@@ -225,11 +250,12 @@ async def _resync(
 
 
 class RunRecord:
-    """What the operator remembers of one run: its lock and the status it wrote last."""
+    """What the operator remembers of one run: its lock, the status it wrote last, a booking."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.status: TrainingRunStatus | None = None
+        self.due = False  # a cycle is booked (the end of a restart back-off)
 
     def last_status(self, body: dict[str, Any]) -> TrainingRunStatus:
         """The status this operator wrote last, else the run's as watched."""

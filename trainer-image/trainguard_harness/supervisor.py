@@ -4,7 +4,8 @@ The command runs in its own session (`setsid`), detached from whoever launched t
 so the whole training process group can be signalled and cleaned up as one. When it dies
 (non-zero exit or a signal), the supervisor kills whatever is left of its process group
 (dataloader workers and other children that would keep GPU memory), waits a backoff that
-doubles each time, and starts it again, up to `--max-restarts` times; then it gives up and
+doubles each time, and starts it again, up to `--max-restarts` times (defaults: the run's
+`spec.recovery` from `TRAINGUARD_RECOVERY`); then it gives up and
 exits non-zero. SIGTERM and SIGINT are forwarded to the process group and end supervision;
 after `--grace-period` seconds the group is killed. A child that exits 0 ends supervision
 with 0.
@@ -39,6 +40,7 @@ from types import FrameType
 from typing import Any
 
 from trainguard.api import env
+from trainguard.api.spec import Recovery
 from trainguard_harness.gpu_publisher import GpuPublisher
 from trainguard_harness.settings import HarnessSettings
 
@@ -52,6 +54,9 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 HISTORY_LIMIT = 50
 POLL_S = 0.1
 EXIT_USAGE = 2
+DEFAULT_MAX_RESTARTS = 3
+DEFAULT_BACKOFF_S = 1.0
+DEFAULT_BACKOFF_MAX_S = 30.0
 
 
 @dataclass
@@ -221,16 +226,40 @@ class Supervisor:
                 return 128 + self.terminating
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The command line: options, `--`, then the command."""
+def recovery_defaults(environ: dict[str, str]) -> tuple[int, float, float]:
+    """(max restarts, first delay, longest delay) from the run's `spec.recovery` in the env.
+
+    The operator passes `spec.recovery` as JSON (`TRAINGUARD_RECOVERY`), so the restarts made
+    in place wait the run's back-off, the same delays the operator keeps between attempts.
+    Without it (run by hand), the command line's defaults apply.
+    """
+    raw = environ.get(env.RECOVERY)
+    if not raw:
+        return DEFAULT_MAX_RESTARTS, DEFAULT_BACKOFF_S, DEFAULT_BACKOFF_MAX_S
+    recovery = Recovery.model_validate(json.loads(raw))
+    backoff = recovery.backoff
+    return recovery.max_restarts, float(backoff.initial_seconds), float(backoff.max_seconds)
+
+
+def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argparse.Namespace:
+    """The command line: options, `--`, then the command (defaults from `TRAINGUARD_RECOVERY`)."""
+    try:
+        max_restarts, backoff, backoff_max = recovery_defaults(
+            dict(os.environ) if environ is None else environ
+        )
+    except ValueError as err:  # pydantic's ValidationError and bad JSON are ValueErrors
+        print(f"trainguard supervise: {env.RECOVERY} is invalid: {err}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from err
     parser = argparse.ArgumentParser(
         prog="trainguard supervise",
         description="Run a training command in its own session and restart it after a death.",
         usage="%(prog)s [options] -- command [args...]",
     )
-    parser.add_argument("--max-restarts", type=int, default=3, help="restarts before giving up")
-    parser.add_argument("--backoff", type=float, default=1.0, help="first restart delay (s)")
-    parser.add_argument("--backoff-max", type=float, default=30.0, help="longest delay (s)")
+    parser.add_argument(
+        "--max-restarts", type=int, default=max_restarts, help="restarts before giving up"
+    )
+    parser.add_argument("--backoff", type=float, default=backoff, help="first restart delay (s)")
+    parser.add_argument("--backoff-max", type=float, default=backoff_max, help="longest delay (s)")
     parser.add_argument(
         "--grace-period",
         type=float,

@@ -18,13 +18,23 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from trainguard.agent import steps
 from trainguard.agent.layers import open_layer
 from trainguard.agent.shipper import RESTORE_FILENAME, Shipper, layers_from_env
 from trainguard.agent.signals import Collector, newest_saved_step
-from trainguard.agent.verdicts import HEALTHY, HUNG, UNKNOWN, Thresholds, Verdict, classify
+from trainguard.agent.verdicts import (
+    DEAD,
+    HEALTHY,
+    HUNG,
+    UNKNOWN,
+    Thresholds,
+    Verdict,
+    classify,
+)
 from trainguard.api import constants, env
 from trainguard.api.spec import DEFAULT_FLUSH_TIMEOUT_SECONDS, Monitor
 
@@ -33,7 +43,8 @@ ANNOTATION_RESTORED = f"{constants.PREFIX}restored"
 ANNOTATION_LIMIT = 1000  # bytes of evidence JSON; all annotations stay well under 1 KiB
 MAX_BACKOFF_S = 30.0
 STACK_WAIT_S = 3.0
-STACK_TAIL_BYTES = 4096
+STACK_READ_BYTES = 4096
+STACK_EVENT_BYTES = 900  # an Event message stays under 1 KiB
 LOG_PREFIX = "trainguard-agent"
 
 
@@ -112,26 +123,52 @@ class Paths:
         )
 
 
-def dump_stacks_and_kill(pid: int, stacks: Path) -> str:
-    """Ask the trainer for its stacks (SIGUSR1 → faulthandler), then SIGKILL it."""
-    before = stacks.stat().st_mtime_ns if stacks.exists() else 0
+def shorten_dump(dump: str) -> str:
+    """The innermost frames of a stack dump, cut to fit an Event (marked when cut)."""
+    data = dump.encode()
+    if len(data) <= STACK_EVENT_BYTES:
+        return dump
+    marker = "(truncated) ...\n"
+    keep = STACK_EVENT_BYTES - len(marker)
+    # faulthandler prints the innermost frame first: keep the head of the dump.
+    return data[:keep].decode(errors="ignore") + marker
+
+
+def dump_stacks(pid: int, stacks: Path) -> str:
+    """Ask the trainer for its stacks (SIGUSR1 → the harness's faulthandler) and read them.
+
+    A stopped trainer is continued so that the handler runs (it is killed right after).
+    Returns the new dump, or a note when the trainer did not answer.
+    """
+    # The file is appended to on each signal: this dump starts where the file ends now.
+    before = stacks.stat().st_size if stacks.exists() else 0
     dump = ""
     try:
         os.kill(pid, signal.SIGUSR1)
         os.kill(pid, signal.SIGCONT)  # a stopped process handles the signal only once resumed
         deadline = time.monotonic() + STACK_WAIT_S
         while time.monotonic() < deadline:
-            if stacks.exists() and stacks.stat().st_mtime_ns != before:
+            if stacks.exists() and stacks.stat().st_size > before:
                 time.sleep(0.2)  # let the handler finish writing
                 with stacks.open("rb") as handle:
-                    handle.seek(max(0, stacks.stat().st_size - STACK_TAIL_BYTES))
-                    dump = handle.read().decode(errors="replace")
+                    handle.seek(before)
+                    dump = handle.read(STACK_READ_BYTES).decode(errors="replace")
                 break
             time.sleep(0.05)
-        os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     return dump or "(no stack dump: the trainer did not answer SIGUSR1)"
+
+
+def kill(pid: int) -> None:
+    """SIGKILL a trainer process; one already gone is fine."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def since_text(wall: float) -> str:
+    """A wall-clock time as the Lease's verdict-since annotation (RFC 3339, UTC, µs)."""
+    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class Agent:
@@ -166,6 +203,7 @@ class Agent:
         )
         self.verdict: Verdict | None = None
         self.killed_pid: int | None = None
+        self.verdict_since = ""
         self.backoff = 0.0
         self.next_api_try = 0.0
 
@@ -174,18 +212,30 @@ class Agent:
         now = time.monotonic()
         signals = self.collector.collect(now, time.time())
         verdict = classify(signals, self.thresholds)
+        pid = self.collector.pid
+        if verdict.name == DEAD and pid is not None and pid == self.killed_pid:
+            # The absence this agent caused by killing a hung trainer is that hang's
+            # consequence, not a new failure: the verdict stays Hung until the restart.
+            verdict = Verdict(
+                HUNG, f"hung trainer pid {pid} killed; waiting for its restart", verdict.evidence
+            )
         changed = self.verdict is None or verdict.name != self.verdict.name
         if changed:
+            self.verdict_since = since_text(time.time())
             log(f"verdict {verdict.name}: {verdict.reason}")
             if verdict.name not in (HEALTHY, UNKNOWN):
                 self.pending_events.append((f"Verdict{verdict.name}", verdict.reason, True))
-        pid = self.collector.pid
+        self.verdict = verdict
         if verdict.name == HUNG and pid is not None and pid != self.killed_pid:
             self.killed_pid = pid
-            dump = dump_stacks_and_kill(pid, self.paths.stacks(pid))
+            dump = dump_stacks(pid, self.paths.stacks(pid))
             log(f"stacks of hung trainer pid {pid}:\n{dump}")
-            self.pending_events.append(("HungTrainerStacks", dump[-900:], True))
-        self.verdict = verdict
+            self.pending_events.append(("HungTrainerStacks", shorten_dump(dump), True))
+            # The verdict and the dump reach the Lease and an Event before the kill.
+            self.report(verdict, force=True)
+            kill(pid)
+            log(f"killed hung trainer pid {pid}; the supervisor restarts it in place")
+            return verdict
         self.report(verdict, force=changed)
         return verdict
 
@@ -201,9 +251,12 @@ class Agent:
             extra[ANNOTATION_LAYERS] = json.dumps(layers, separators=(",", ":"))[:ANNOTATION_LIMIT]
         if self.restored:
             extra[ANNOTATION_RESTORED] = self.restored
+        # The init steps' progress and results, for the run's status (live during staging).
+        extra.update(steps.lease_annotations(self.paths.state, self.environ.get(env.ATTEMPT)))
         return {
             **extra,
             constants.ANNOTATION_VERDICT: verdict.name,
+            constants.ANNOTATION_VERDICT_SINCE: self.verdict_since,
             constants.ANNOTATION_EVIDENCE: compact_evidence(verdict),
             constants.ANNOTATION_STEP: ""
             if self.collector.step is None

@@ -42,6 +42,12 @@ ANNOTATION_VERDICT = f"{PREFIX}verdict"
 ANNOTATION_EVIDENCE = f"{PREFIX}evidence"
 ANNOTATION_STEP = f"{PREFIX}step"
 ANNOTATION_SAVED_STEP = f"{PREFIX}saved-step"
+# The init steps' summaries (JSON, the fields of status.preflight / status.staging).
+ANNOTATION_PREFLIGHT = f"{PREFIX}preflight"
+ANNOTATION_STAGING = f"{PREFIX}staging"
+# When the agent's current verdict began (its clock, RFC 3339): a failure verdict with a new
+# start is a new failure, even when the operator never saw the Healthy in between.
+ANNOTATION_VERDICT_SINCE = f"{PREFIX}verdict-since"
 # Hash of the spec a pod was built from: a changed hash means the pod is out of date.
 ANNOTATION_SPEC_HASH = f"{PREFIX}spec-hash"
 # On a node: why and when trainguard tainted it (the taint itself carries only the reason).
@@ -177,6 +183,25 @@ class ShippingState(StrEnum):
     FAILED = "Failed"
 
 
+class StagingPhase(StrEnum):
+    """Phase of the stage-data init step, as it reports it."""
+
+    LISTING = "Listing"
+    HASHING = "Hashing"
+    COPYING = "Copying"
+    COMPLETE = "Complete"
+    SKIPPED = "Skipped"
+    FAILED = "Failed"
+
+
+class CheckResult(StrEnum):
+    """Outcome of one preflight check."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    SKIPPED = "skipped"
+
+
 class Reason(StrEnum):
     """CamelCase reasons of conditions, Events, failures and node taints."""
 
@@ -187,6 +212,8 @@ class Reason(StrEnum):
     PREFLIGHT_FAILED = "PreflightFailed"
     STAGING_DATA = "StagingData"
     DATA_STAGED = "DataStaged"
+    DATA_STAGING_SKIPPED = "DataStagingSkipped"
+    STAGING_FAILED = "StagingFailed"
     RESTORING = "Restoring"
     RESTORED = "Restored"
     NOTHING_TO_RESTORE = "NothingToRestore"

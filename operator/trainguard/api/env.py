@@ -25,6 +25,7 @@ spell the strings elsewhere.
 | TRAINGUARD_POD_NAME | the pod's name (downward API; the Lease holder) |
 | TRAINGUARD_LEASE_NAME | the run's heartbeat Lease (`<run>-heartbeat`) |
 | TRAINGUARD_MONITOR | the run's `spec.monitor`, as JSON (camelCase keys, as in the API) |
+| TRAINGUARD_RECOVERY | the run's `spec.recovery`, as JSON: the supervisor's restart cap and back-off |
 | TRAINGUARD_LAYERS | the run's remote layers (`spec.checkpoints.layers`), as a JSON list |
 | TRAINGUARD_DATA_SOURCE | data source of `stage-data`: a directory (source PVC mount) or URI |
 | TRAINGUARD_DATA_BYTES | expected size of the staged data, bytes (`preflight` free space) |
@@ -52,6 +53,7 @@ RUN_UID = "TRAINGUARD_RUN_UID"
 POD_NAME = "TRAINGUARD_POD_NAME"
 LEASE_NAME = "TRAINGUARD_LEASE_NAME"
 MONITOR = "TRAINGUARD_MONITOR"
+RECOVERY = "TRAINGUARD_RECOVERY"
 LAYERS = "TRAINGUARD_LAYERS"
 DATA_SOURCE = "TRAINGUARD_DATA_SOURCE"
 DATA_BYTES = "TRAINGUARD_DATA_BYTES"

@@ -13,7 +13,15 @@ from typing import Annotated
 from pydantic import AwareDatetime, ConfigDict, Field, PlainSerializer
 
 from trainguard.api.base import KubeModel, map_list
-from trainguard.api.constants import ConditionStatus, Contents, Phase, ShippingState, Verdict
+from trainguard.api.constants import (
+    CheckResult,
+    ConditionStatus,
+    Contents,
+    Phase,
+    ShippingState,
+    StagingPhase,
+    Verdict,
+)
 from trainguard.api.types import MAX_LABEL_LENGTH, MAX_NAME_LENGTH
 
 MAX_CONDITIONS = 32
@@ -114,6 +122,66 @@ class Failure(StatusModel):
     node: NodeName | None = Field(default=None, description="Node the run was on.")
     attempt: int | None = Field(default=None, ge=1, description="Attempt that failed.")
     message: Message = Field(description="Evidence: what the agent or operator saw.")
+    since: Timestamp | None = Field(
+        default=None,
+        description="When the agent's failure verdict began (the agent's clock): a new start "
+        "is a new failure.",
+    )
+
+
+class Staging(StatusModel):
+    """Data staging of an attempt (the stage-data init step): progress, then the outcome."""
+
+    attempt: int | None = Field(default=None, ge=1, description="Attempt whose pod staged.")
+    phase: StagingPhase = Field(
+        description="Listing, Hashing, Copying, then Complete, Skipped or Failed."
+    )
+    files_done: int = Field(default=0, ge=0, description="Files of the phase done.")
+    files_total: int = Field(default=0, ge=0, description="Files of the phase.")
+    bytes_done: int = Field(default=0, ge=0, description="Bytes of the phase done.")
+    bytes_total: int = Field(default=0, ge=0, description="Bytes of the phase.")
+    bytes_per_second: float | None = Field(
+        default=None, ge=0.0, description="Rate of the phase so far."
+    )
+    eta_seconds: float | None = Field(
+        default=None, ge=0.0, description="Estimated seconds left in the phase."
+    )
+    copied: int | None = Field(default=None, ge=0, description="Files copied from the source.")
+    recopies: int | None = Field(
+        default=None, ge=0, description="Copies repeated after a verification mismatch."
+    )
+    message: Message | None = Field(default=None, description="Error of a failed staging.")
+
+
+class Preflight(StatusModel):
+    """The preflight checks of an attempt: storage integrity and bandwidth, space, GPU."""
+
+    attempt: int | None = Field(default=None, ge=1, description="Attempt whose pod checked.")
+    node: NodeName | None = Field(default=None, description="Node that was checked.")
+    passed: bool = Field(description="Whether every check passed.")
+    failure: ReasonText | None = Field(
+        default=None,
+        description="First failure: StorageCorrupt, StorageError, InsufficientSpace, "
+        "GpuMemoryHeld or StorageSlow.",
+    )
+    write_mbps: float | None = Field(
+        default=None, ge=0.0, description="Slowest write bandwidth of a test file, MB/s."
+    )
+    read_mbps: float | None = Field(
+        default=None, ge=0.0, description="Slowest read-back bandwidth of a test file, MB/s."
+    )
+    free_bytes: int | None = Field(
+        default=None, ge=0, description="Free space of the tightest filesystem."
+    )
+    need_bytes: int | None = Field(
+        default=None, ge=0, description="Space that filesystem needs (data, checkpoints, margin)."
+    )
+    gpu: CheckResult | None = Field(default=None, description="GPU check: pass, fail, skipped.")
+    gpu_used_mib: float | None = Field(
+        default=None, ge=0.0, description="GPU memory in use before training, MiB."
+    )
+    gpu_total_mib: float | None = Field(default=None, ge=0.0, description="GPU memory, MiB.")
+    message: Message = Field(description="The failed checks, else every check, in one line.")
 
 
 class TrainingRunStatus(StatusModel):
@@ -161,6 +229,12 @@ class TrainingRunStatus(StatusModel):
         json_schema_extra=map_list("node"),
     )
     last_failure: Failure | None = Field(default=None, description="The last failure.")
+    preflight: Preflight | None = Field(
+        default=None, description="The newest preflight result, with its figures."
+    )
+    staging: Staging | None = Field(
+        default=None, description="Data staging of the newest attempt that staged (live)."
+    )
     start_time: Timestamp | None = Field(default=None, description="When training first started.")
     completion_time: Timestamp | None = Field(
         default=None, description="When the run completed or failed."

@@ -157,6 +157,7 @@ def contract_env(run: TrainingRun, attempt: int) -> list[dict[str, Any]]:
         env.CKPT_EVERY_SECONDS: str(spec.checkpoints.every_seconds),
         env.HASH: spec.checkpoints.hash_algorithm.value,
         env.MONITOR: _json(spec.monitor.to_object()),
+        env.RECOVERY: _json(spec.recovery.to_object()),
         env.LAYERS: _json([layer.to_object() for layer in spec.checkpoints.remote]),
         env.FLUSH_TIMEOUT_SECONDS: str(spec.checkpoints.flush_timeout_seconds),
     }
@@ -322,7 +323,8 @@ def _init_steps(
     ]
     data = spec.data
     if data is not None and data.stage:
-        mounts = [_mount(Volume.DATA, data.mount_path)]
+        # The state volume carries its progress report to the agent, and on to the status.
+        mounts = [_mount(Volume.DATA, data.mount_path), _state_mount()]
         if data.source.pvc is not None:
             mounts.append(
                 _mount(Volume.DATA_SOURCE, DATA_SOURCE_DIR, True, data.source.pvc.sub_path)

@@ -7,11 +7,16 @@ from typing import Any
 
 from trainguard.api.constants import (
     ANNOTATION_EVIDENCE,
+    ANNOTATION_PREFLIGHT,
     ANNOTATION_SAVED_STEP,
+    ANNOTATION_STAGING,
     ANNOTATION_STEP,
     ANNOTATION_VERDICT,
+    ANNOTATION_VERDICT_SINCE,
     Verdict,
 )
+from trainguard.api.status import Preflight, Staging
+from trainguard.policies.initsteps import parse
 from trainguard.policies.signals import LeaseView
 
 
@@ -42,4 +47,7 @@ def lease_view(lease: dict[str, Any]) -> LeaseView:
         renewed=_time(spec.get("renewTime")),
         duration_seconds=duration if isinstance(duration, int) else None,
         holder=spec.get("holderIdentity") or None,
+        preflight=parse(Preflight, annotations.get(ANNOTATION_PREFLIGHT)),
+        staging=parse(Staging, annotations.get(ANNOTATION_STAGING)),
+        since=_time(annotations.get(ANNOTATION_VERDICT_SINCE)),
     )

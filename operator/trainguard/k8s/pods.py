@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.api.constants import ANNOTATION_SPEC_HASH, LABEL_RUN
+from trainguard.api.status import Preflight, Staging
 from trainguard.build.constants import Container
 from trainguard.build.names import attempt_of
 from trainguard.k8s.client import Kube, KubeError, object_path
+from trainguard.policies.initsteps import parse
 from trainguard.policies.lifecycle import PodView
 
 POD_SCHEDULED = "PodScheduled"
@@ -35,6 +37,15 @@ def preflight_exit(pod: dict[str, Any]) -> tuple[int | None, str | None]:
     return None, None
 
 
+def step_message(pod: dict[str, Any], step: str) -> str | None:
+    """The termination message an init step left, once it terminated."""
+    for status in pod.get("status", {}).get("initContainerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated")
+        if status.get("name") == step and terminated:
+            return terminated.get("message") or None
+    return None
+
+
 def pod_view(pod: dict[str, Any]) -> PodView | None:
     """The operator's view of a pod, or None when it carries no attempt label (not ours)."""
     meta = pod.get("metadata", {})
@@ -52,13 +63,20 @@ def pod_view(pod: dict[str, Any]) -> PodView | None:
         unschedulable=scheduler_message(pod),
         preflight_exit=exit_code,
         message=message or pod.get("status", {}).get("message") or None,
+        preflight_report=parse(Preflight, message),
+        staging_report=parse(Staging, step_message(pod, Container.STAGE_DATA)),
     )
 
 
-def delete_pod(kube: Kube, namespace: str, name: str) -> None:
-    """Delete a pod; one already gone is fine."""
+def delete_pod(kube: Kube, namespace: str, name: str, force: bool = False) -> None:
+    """Delete a pod; one already gone is fine.
+
+    `force` removes it at once (grace period 0): only for a pod whose node is NotReady or
+    gone, where no kubelet will ever confirm the deletion and the pod would stay Terminating.
+    """
+    body = {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0}
     try:
-        kube.request("DELETE", object_path("v1", "pods", namespace, name))
+        kube.request("DELETE", object_path("v1", "pods", namespace, name), body if force else None)
     except KubeError as err:
         if not err.not_found:
             raise

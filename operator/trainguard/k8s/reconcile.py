@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import ValidationError
@@ -34,7 +34,7 @@ from trainguard.k8s.client import Kube, KubeError
 from trainguard.k8s.nodes import node_ready, taint_unhealthy
 from trainguard.k8s.pods import delete_pod, list_pods
 from trainguard.k8s.volumes import read_hot_path
-from trainguard.policies import failures, ladder, lifecycle, signals
+from trainguard.policies import backoff, failures, initsteps, ladder, lifecycle, signals
 from trainguard.policies.lifecycle import Decision, PodView
 from trainguard.policies.placement import NetworkList, PlacementDecision, guard, hot_path_claims
 from trainguard.policies.signals import LeaseView
@@ -45,6 +45,7 @@ from trainguard.status import (
     advance,
     changed,
     shorten_bytes,
+    step_events,
     transition_events,
 )
 
@@ -68,10 +69,11 @@ def companions(run: TrainingRun) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a cycle leaves behind: the status now stored, and the error of an invalid spec."""
+    """What a cycle leaves behind: the status stored, an invalid spec's error, a due cycle."""
 
     status: TrainingRunStatus
     invalid: str | None = None
+    retry_after: float | None = None  # seconds: a cycle is due then (a back-off is running)
 
 
 def reconcile(
@@ -117,21 +119,34 @@ def reconcile(
         decision = lifecycle.decide(
             run, list_pods(kube, namespace, run.metadata.name or ""), desired
         )
+    now = datetime.now(UTC)
+    decision, wait = backoff.hold(decision, run.status or old, run.spec.recovery.backoff, now)
     placement = None
     if decision.create:
         facts = read_hot_path(kube, namespace, hot_path_claims(run.spec))
         placement = guard(run.spec, facts, settings.network)
     converge(kube, run, decision, placement, settings, full)
+    state = lifecycle.state(run, decision, placement)
+    if wait > 0:
+        # The reason stays Rescheduling: it carries the cause to the attempt that follows.
+        at = (now + timedelta(seconds=wait)).strftime("%H:%M:%S")
+        state = RunState(
+            Reason.RESCHEDULING,
+            f"restart back-off: attempt {(decision.attempt or 0) + 1} not before {at} UTC",
+            progressing=True,
+        )
     status = report(
         kube,
         run.metadata,
         old,
-        lifecycle.state(run, decision, placement),
-        _with_signals(lifecycle.observed(run, decision, placement), lease, run.metadata.name),
+        state,
+        _with_signals(
+            lifecycle.observed(run, decision, placement), lease, run.metadata.name, decision
+        ),
         [*warnings, *lifecycle.extra_events(decision, placement)],
         settings.instance,
     )
-    return Outcome(status)
+    return Outcome(status, retry_after=wait or None)
 
 
 def escalate(
@@ -172,7 +187,11 @@ def escalate(
     return recorded, [EventSpec(found.failure.cause, message, warning=True)]
 
 
-def _with_signals(observed: Observed, lease: LeaseView | None, run: str | None) -> Observed:
+def _with_signals(
+    observed: Observed, lease: LeaseView | None, run: str | None, decision: Decision
+) -> Observed:
+    preflight, staging = initsteps.reports(run or "", observed.attempt, decision.current, lease)
+    observed = replace(observed, preflight=preflight, staging=staging)
     # Until the new pod's agent renews it, the Lease still speaks of the previous attempt.
     if lease is None or not signals.renewed_by(lease, run or "", observed.attempt):
         return observed
@@ -198,6 +217,14 @@ def converge(
     for pod in decision.delete:
         log.info("%s/%s: deleting pod %s (%s)", namespace, name, pod.name, decision.cause)
         delete_pod(kube, namespace, pod.name)
+    for pod in {*decision.delete, *decision.waiting}:
+        # A pod on a node that is NotReady or gone is never confirmed deleted by a kubelet:
+        # it would stay Terminating and block the next attempt forever.
+        if pod.node is not None and node_ready(kube, pod.node) is not True:
+            log.info(
+                "%s/%s: force-deleting pod %s on lost node %s", namespace, name, pod.name, pod.node
+            )
+            delete_pod(kube, namespace, pod.name, force=True)
     if create and decision.attempt is not None:
         excluded = tuple(n.node for n in (run.status or TrainingRunStatus()).excluded_nodes)
         inputs = PodInputs(decision.attempt, excluded, settings.agent_image)
@@ -225,7 +252,7 @@ def report(
     new = advance(old, state, observed, meta.generation, datetime.now(UTC))
     if changed(old, new):
         apply_status(kube, meta, new)
-    for event in transition_events(old, state, extra):
+    for event in [*transition_events(old, state, extra), *step_events(old, new)]:
         try:
             events.send(kube, meta, event, instance)
         except KubeError as err:

@@ -11,9 +11,11 @@ A failure is one of (first match wins):
 - the current pod's Lease expired and its node is NotReady or gone: `LeaseExpired`.
 
 It is new unless `status.lastFailure` already records it (same attempt and cause, and for a
-verdict, the status still shows that verdict: a verdict that went back to Healthy and turns
-to a failure again is a new failure). The record and the status's verdict are written in the
-same status write, so an operator restarted anywhere never counts a failure twice.
+verdict, the status still shows that verdict and it began at the recorded time: a verdict
+that went back to Healthy and turns to a failure again is a new failure, even when both
+changes fell between two cycles — the agent's `verdict-since` tells them apart). The record
+and the status's verdict are written in the same status write, so an operator restarted
+anywhere never counts a failure twice.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from trainguard.api.status import Failure as FailureRecord
 from trainguard.policies import ladder
 from trainguard.policies.ladder import Action, Failure, History
 from trainguard.policies.lifecycle import PodView
-from trainguard.policies.signals import FAILURE_VERDICTS, LeaseView, expired
+from trainguard.policies.signals import FAILURE_VERDICTS, LeaseView, expired, same_failure
 from trainguard.status import set_condition
 
 # Exit codes of the preflight step that name a node problem (storage corrupt or failing,
@@ -54,6 +56,7 @@ class Found:
     failure: Failure
     node: str | None
     message: str
+    since: datetime | None = None  # when the agent's failure verdict began
 
 
 def _cause(seen: Observation) -> tuple[str, str] | None:
@@ -81,11 +84,16 @@ def detect(status: TrainingRunStatus, seen: Observation) -> Found | None:
     cause, message = found
     last = status.last_failure
     handled = last is not None and last.attempt == seen.attempt and last.cause == cause
-    if handled and (cause not in FAILURE_VERDICTS or status.verdict == cause):
+    since = seen.lease.since if seen.lease is not None and cause in FAILURE_VERDICTS else None
+    if handled and last is not None and cause in FAILURE_VERDICTS:
+        # The verdict's start tells a new failure from the one recorded, even when the
+        # Healthy in between came and went between two cycles.
+        handled = status.verdict == cause and same_failure(last.since, since)
+    if handled:
         return None
     step = seen.lease.step if seen.lease is not None else status.step
     failure = Failure(str(cause), step, seen.node_ready)
-    return Found(failure, seen.pod.node, message)
+    return Found(failure, seen.pod.node, message, since)
 
 
 def history(status: TrainingRunStatus, found: Found | None = None) -> History:
@@ -159,6 +167,7 @@ def record(
                 node=found.node,
                 attempt=attempt,
                 message=found.message,
+                since=found.since,
             ),
             "verdict": Verdict(failure.cause) if failure.cause in set(Verdict) else status.verdict,
         }

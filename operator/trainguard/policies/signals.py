@@ -13,6 +13,7 @@ from datetime import datetime
 
 from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Verdict
+from trainguard.api.status import Preflight, Staging
 from trainguard.build.names import pod_name
 
 # Verdicts that are failures: the ladder acts on them.
@@ -30,6 +31,21 @@ class LeaseView:
     renewed: datetime | None = None
     duration_seconds: int | None = None
     holder: str | None = None  # the pod whose agent renewed it last
+    # The init steps' summaries the agent carries (`trainguard.policies.initsteps`).
+    preflight: Preflight | None = None
+    staging: Staging | None = None
+    since: datetime | None = None  # when the verdict began, by the agent's clock
+
+
+def same_failure(last: datetime | None, since: datetime | None) -> bool:
+    """Whether a failure verdict that began at `since` is the one recorded as begun at `last`.
+
+    Compared for equality, never for order (the agent's clock is not the operator's), at the
+    second the status keeps. Without both times the verdict's start is unknown: the same.
+    """
+    if last is None or since is None:
+        return True
+    return last.replace(microsecond=0) == since.replace(microsecond=0)
 
 
 def renewed_by(lease: LeaseView, run: str, attempt: int | None) -> bool:
@@ -40,13 +56,19 @@ def renewed_by(lease: LeaseView, run: str, attempt: int | None) -> bool:
 def urgent(lease: LeaseView | None, status: TrainingRunStatus) -> bool:
     """Whether the Lease carries a failure verdict the status does not show or has not handled.
 
-    Handled: `status.lastFailure` records it for the current attempt. A stale Lease of an
+    Handled: `status.lastFailure` records it for the current attempt, begun at the same time
+    (a Dead -> Healthy -> Dead between two cycles is a new failure). A stale Lease of an
     earlier pod may pass (its cycle finds nothing to do); a new failure never waits.
     """
     if lease is None or lease.verdict not in FAILURE_VERDICTS:
         return False
     last = status.last_failure
-    handled = last is not None and last.attempt == status.attempt and last.cause == lease.verdict
+    handled = (
+        last is not None
+        and last.attempt == status.attempt
+        and last.cause == lease.verdict
+        and same_failure(last.since, lease.since)
+    )
     return lease.verdict != status.verdict or not handled
 
 

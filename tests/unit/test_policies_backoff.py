@@ -1,0 +1,87 @@
+"""Restart back-off: the delay table, what is left of it, and the attempt it holds back."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from trainguard.api import TrainingRunStatus
+from trainguard.api.constants import Reason
+from trainguard.api.spec import Backoff
+from trainguard.api.status import Failure as FailureRecord
+from trainguard.policies.backoff import delay, hold, remaining
+from trainguard.policies.lifecycle import Decision
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+FIVE_TO_300 = Backoff(initial_seconds=5, max_seconds=300)
+
+
+@pytest.mark.parametrize(
+    ("backoff", "restart", "seconds"),
+    [
+        (FIVE_TO_300, 0, 0.0),
+        (FIVE_TO_300, -1, 0.0),
+        (FIVE_TO_300, 1, 5.0),
+        (FIVE_TO_300, 2, 10.0),
+        (FIVE_TO_300, 3, 20.0),
+        (FIVE_TO_300, 6, 160.0),
+        (FIVE_TO_300, 7, 300.0),  # 320 capped
+        (FIVE_TO_300, 10_000, 300.0),  # no overflow, still the cap
+        (Backoff(initial_seconds=0, max_seconds=0), 4, 0.0),
+        (Backoff(initial_seconds=1, max_seconds=1), 9, 1.0),
+    ],
+)
+def test_delay_doubles_from_the_first_restart_up_to_the_cap(
+    backoff: Backoff, restart: int, seconds: float
+) -> None:
+    assert delay(backoff, restart) == seconds
+
+
+def failed(restarts: int, ago: float) -> TrainingRunStatus:
+    last = FailureRecord(
+        cause="Dead", step=10, time=T0 - timedelta(seconds=ago), attempt=1, message=""
+    )
+    return TrainingRunStatus(attempt=1, restarts=restarts, last_failure=last)
+
+
+@pytest.mark.parametrize(
+    ("status", "left"),
+    [
+        (TrainingRunStatus(), 0.0),  # never failed
+        (failed(1, 0), 5.0),
+        (failed(1, 2), 3.0),
+        (failed(1, 7), 0.0),  # waited already
+        (failed(3, 5), 15.0),  # third restart: 20 s
+        (failed(0, 0), 0.0),  # failure recorded as Failed: no restart to wait for
+    ],
+)
+def test_remaining_counts_from_the_recorded_failure(status: TrainingRunStatus, left: float) -> None:
+    assert remaining(status, FIVE_TO_300, T0) == pytest.approx(left)
+
+
+RESCHEDULE = Decision(3, create=True, cause=Reason.RESCHEDULING)
+
+
+@pytest.mark.parametrize(
+    ("decision", "status", "attempt", "create", "wait"),
+    [
+        # A rescheduled attempt waits while the back-off runs: the current attempt stays.
+        (RESCHEDULE, failed(2, 1), 2, False, 9.0),
+        (RESCHEDULE, failed(2, 30), 3, True, 0.0),
+        # First pods, resumes and spec changes are never held.
+        (Decision(1, create=True, cause=Reason.CREATED), failed(2, 1), 1, True, 0.0),
+        (Decision(3, create=True, cause=Reason.SPEC_CHANGED), failed(2, 1), 3, True, 0.0),
+        (Decision(3, create=True, cause=Reason.RESUMED), failed(2, 1), 3, True, 0.0),
+        # Nothing to create: nothing to hold.
+        (Decision(2, cause=Reason.RESCHEDULING), failed(2, 1), 2, False, 0.0),
+    ],
+)
+def test_hold_keeps_a_rescheduled_attempt_back_until_the_delay_passed(
+    decision: Decision, status: TrainingRunStatus, attempt: int, create: bool, wait: float
+) -> None:
+    held, left = hold(decision, status, FIVE_TO_300, T0)
+    assert (held.attempt, held.create) == (attempt, create)
+    assert left == pytest.approx(wait)
