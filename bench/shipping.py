@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                           ready, stop, result),
                 )  # fmt: skip
                 shipper.start()
-                if split:  # before its imports, which would otherwise run on training's cores
+                if split and shipper.pid:  # before its imports, which would otherwise run on training's cores
                     os.sched_setaffinity(shipper.pid, other_cores)
                 # A sidecar is up before training: its start-up is not the segment's time.
                 if not ready.wait(timeout=120):
