@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                           ready, stop, result),
                 )  # fmt: skip
                 shipper.start()
-                if split and shipper.pid:  # before its imports, which would otherwise run on training's cores
+                # Placed before its imports, which would otherwise run on training's cores.
+                if split and shipper.pid:
                     os.sched_setaffinity(shipper.pid, other_cores)
                 # A sidecar is up before training: its start-up is not the segment's time.
                 if not ready.wait(timeout=120):
