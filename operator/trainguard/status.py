@@ -15,6 +15,7 @@ from datetime import datetime
 
 from trainguard.api import Condition, TrainingRunStatus
 from trainguard.api.constants import ConditionStatus, ConditionType, Phase, Verdict
+from trainguard.api.status import LayerCheckpoint
 
 # Events carry messages under 1 KiB of UTF-8 (kubectl describe stays readable); conditions
 # may hold more, but the apiserver's bound is far above anything useful.
@@ -72,6 +73,8 @@ class Observed:
     verdict: Verdict | None = None
     step: int | None = None
     checkpoint_step: int | None = None
+    # The agent's shipping report per remote layer; merged into what the status holds.
+    checkpoints: tuple[LayerCheckpoint, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -175,11 +178,30 @@ def advance(
                 if observed.checkpoint_step is None
                 else observed.checkpoint_step
             ),
+            "checkpoints": merge_layers(old.checkpoints, observed.checkpoints),
             "start_time": old.start_time or (now if observed.started else None),
             "completion_time": old.completion_time
             or (now if state.complete or state.failed else None),
         }
     )
+
+
+def merge_layers(
+    old: Sequence[LayerCheckpoint], new: Sequence[LayerCheckpoint]
+) -> list[LayerCheckpoint]:
+    """The status's layers updated with the agent's report: a newer step wins.
+
+    A new pod's agent knows nothing of what an earlier attempt shipped: a layer it reports
+    without a step (or with an older one) keeps the step the status holds, as the remote copy
+    is still there.
+    """
+    merged = {layer.layer: layer for layer in old}
+    for layer in new:
+        before = merged.get(layer.layer)
+        if before is not None and before.step is not None and (layer.step or -1) < before.step:
+            layer = layer.model_copy(update={"step": before.step, "verified": before.verified})
+        merged[layer.layer] = layer
+    return [merged[name] for name in sorted(merged)]
 
 
 def changed(old: TrainingRunStatus, new: TrainingRunStatus) -> bool:

@@ -38,8 +38,8 @@ from trainguard.agent.verdicts import (
 from trainguard.api import constants, env
 from trainguard.api.spec import DEFAULT_FLUSH_TIMEOUT_SECONDS, Monitor
 
-ANNOTATION_LAYERS = f"{constants.PREFIX}layers"
-ANNOTATION_RESTORED = f"{constants.PREFIX}restored"
+ANNOTATION_LAYERS = constants.ANNOTATION_LAYERS
+ANNOTATION_RESTORED = constants.ANNOTATION_RESTORED
 ANNOTATION_LIMIT = 1000  # bytes of evidence JSON; all annotations stay well under 1 KiB
 MAX_BACKOFF_S = 30.0
 STACK_WAIT_S = 3.0

@@ -42,6 +42,9 @@ ANNOTATION_VERDICT = f"{PREFIX}verdict"
 ANNOTATION_EVIDENCE = f"{PREFIX}evidence"
 ANNOTATION_STEP = f"{PREFIX}step"
 ANNOTATION_SAVED_STEP = f"{PREFIX}saved-step"
+# The agent's shipping report per remote layer (JSON), and what the restore step did.
+ANNOTATION_LAYERS = f"{PREFIX}layers"
+ANNOTATION_RESTORED = f"{PREFIX}restored"
 # The init steps' summaries (JSON, the fields of status.preflight / status.staging).
 ANNOTATION_PREFLIGHT = f"{PREFIX}preflight"
 ANNOTATION_STAGING = f"{PREFIX}staging"

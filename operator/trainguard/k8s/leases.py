@@ -7,6 +7,7 @@ from typing import Any
 
 from trainguard.api.constants import (
     ANNOTATION_EVIDENCE,
+    ANNOTATION_LAYERS,
     ANNOTATION_PREFLIGHT,
     ANNOTATION_SAVED_STEP,
     ANNOTATION_STAGING,
@@ -17,6 +18,7 @@ from trainguard.api.constants import (
 )
 from trainguard.api.status import Preflight, Staging
 from trainguard.policies.initsteps import parse
+from trainguard.policies.layers import parse_layers
 from trainguard.policies.signals import LeaseView
 
 
@@ -47,6 +49,7 @@ def lease_view(lease: dict[str, Any]) -> LeaseView:
         renewed=_time(spec.get("renewTime")),
         duration_seconds=duration if isinstance(duration, int) else None,
         holder=spec.get("holderIdentity") or None,
+        layers=parse_layers(annotations.get(ANNOTATION_LAYERS)),
         preflight=parse(Preflight, annotations.get(ANNOTATION_PREFLIGHT)),
         staging=parse(Staging, annotations.get(ANNOTATION_STAGING)),
         since=_time(annotations.get(ANNOTATION_VERDICT_SINCE)),

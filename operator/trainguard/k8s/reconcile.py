@@ -196,7 +196,11 @@ def _with_signals(
     if lease is None or not signals.renewed_by(lease, run or "", observed.attempt):
         return observed
     return replace(
-        observed, verdict=lease.verdict, step=lease.step, checkpoint_step=lease.saved_step
+        observed,
+        verdict=lease.verdict,
+        step=lease.step,
+        checkpoint_step=lease.saved_step,
+        checkpoints=lease.layers,
     )
 
 
