@@ -2,7 +2,8 @@
 
 The servers (see `servers`) are installed by `hack/install-test-services.sh`, run once per test
 session on free loopback ports with their data in temporary directories, and are stopped at
-the end. A test can kill and restart the S3 server (same ports, same data) or drop every SSH
+the end. The S3 server and its buckets are `s3_fixtures`, a plugin shared with the end-to-end
+scenarios. A test can kill and restart the S3 server (same ports, same data) or drop every SSH
 connection. The Hugging Face Hub cannot run here: `hub_standin` is a local stand-in of its
 upload API, one per test.
 """
@@ -10,36 +11,14 @@ upload API, one per test.
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 
 import huggingface_hub.constants
 import pytest
 from hub_standin import HubServer
-from servers import INSTALL_HINT, SSHD, WEED, SeaweedFS, Sshd, start_sshd
+from servers import INSTALL_HINT, SSHD, Sshd, start_sshd
 
 HF_TOKEN = "hf_trainguardTestToken0123456789"
-
-
-@pytest.fixture(scope="session")
-def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
-    if not WEED.exists():
-        pytest.fail(f"no SeaweedFS binary at {WEED}: {INSTALL_HINT}")
-    server = SeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
-    server.start()
-    try:
-        yield server
-    finally:
-        # SeaweedFS drains for seconds on SIGTERM; its data is a temporary directory.
-        server.kill()
-
-
-@pytest.fixture
-def bucket(seaweedfs: SeaweedFS) -> str:
-    """A fresh bucket for one test."""
-    name = f"tg-{uuid.uuid4().hex[:12]}"
-    seaweedfs.client().create_bucket(Bucket=name)
-    return name
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from trainguard.api.constants import (
 )
 from trainguard.ckpt import MANIFEST_FILENAME, step_dirname
 
+pytest_plugins = ("integration.s3_fixtures",)
 pytestmark = pytest.mark.e2e
 
 
