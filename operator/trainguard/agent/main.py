@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -45,6 +46,8 @@ MAX_BACKOFF_S = 30.0
 STACK_WAIT_S = 3.0
 STACK_READ_BYTES = 4096
 STACK_EVENT_BYTES = 900  # an Event message stays under 1 KiB
+FRAME_FILE = re.compile(r'File "([^"]+)"')
+STDLIB_MARK = "/lib/python3"
 LOG_PREFIX = "trainguard-agent"
 
 
@@ -123,14 +126,37 @@ class Paths:
         )
 
 
+def _frame_path(match: re.Match[str]) -> str:
+    parts = match.group(1).split("/")
+    return 'File "' + ("/".join(["...", *parts[-2:]]) if len(parts) > 3 else match.group(1)) + '"'
+
+
+def _is_main(block: str) -> bool:
+    # faulthandler marks the thread that took the signal "Current thread" only when it knows
+    # it; the main thread is also the one whose outermost frame runs a module.
+    return block.startswith("Current thread") or "in <module>" in block
+
+
+def _is_library(block: str) -> bool:
+    # Threads whose every frame is in the standard library (pools, timers) say least.
+    files = FRAME_FILE.findall(block)
+    return all(STDLIB_MARK in f and "site-packages" not in f for f in files)
+
+
 def shorten_dump(dump: str) -> str:
-    """The innermost frames of a stack dump, cut to fit an Event (marked when cut)."""
-    data = dump.encode()
+    """A stack dump cut to fit an Event, the frames that matter first (marked when cut).
+
+    Thread blocks in this order: the main thread (the training loop), then threads running
+    code outside the standard library, then the rest; file paths keep their last two parts.
+    """
+    blocks = [b.strip("\n") for b in dump.split("\n\n") if b.strip()]
+    blocks.sort(key=lambda b: (not _is_main(b), _is_library(b)))
+    text = "\n\n".join(FRAME_FILE.sub(_frame_path, b) for b in blocks) + "\n"
+    data = text.encode()
     if len(data) <= STACK_EVENT_BYTES:
-        return dump
+        return text
     marker = "(truncated) ...\n"
     keep = STACK_EVENT_BYTES - len(marker)
-    # faulthandler prints the innermost frame first: keep the head of the dump.
     return data[:keep].decode(errors="ignore") + marker
 
 
