@@ -208,9 +208,8 @@ class Agent:
         self.shipper = shipper
         self.paths = Paths.from_env(environ)
         self.pending_events: list[tuple[str, str, bool]] = []
-        self.restored = _read_restore(self.paths.state)
-        if self.restored:
-            self.pending_events.append(("Restored", self.restored, False))
+        self.restored = ""
+        self.note_restore()
         # Parsed by the API's own model: the same defaults and bounds as the CRD.
         monitor = Monitor.model_validate(json.loads(environ.get(env.MONITOR) or "{}"))
         self.interval = float(monitor.interval_seconds)
@@ -226,15 +225,29 @@ class Agent:
             marker=marker,
             gpu_stale_s=max(5.0, 5 * self.interval),
             released_mib=self.thresholds.released_mib,
+            supervisor_file=self.paths.state / env.SUPERVISOR_FILENAME,
         )
         self.verdict: Verdict | None = None
         self.killed_pid: int | None = None
         self.verdict_since = ""
+        self.since_pid: int | None = None  # the trainer the current verdict is about
         self.backoff = 0.0
         self.next_api_try = 0.0
 
+    def note_restore(self) -> None:
+        """Tell what the restore step did, once its account is there.
+
+        The agent is a native sidecar: it starts before the restore step has run.
+        """
+        self.restored = _read_restore(self.paths.state)
+        if self.restored:
+            log(self.restored)
+            self.pending_events.append(("Restored", self.restored, False))
+
     def step(self) -> Verdict:
         """Observe, classify, act on Hung, report."""
+        if not self.restored:
+            self.note_restore()
         now = time.monotonic()
         signals = self.collector.collect(now, time.time())
         verdict = classify(signals, self.thresholds)
@@ -246,8 +259,11 @@ class Agent:
                 HUNG, f"hung trainer pid {pid} killed; waiting for its restart", verdict.evidence
             )
         changed = self.verdict is None or verdict.name != self.verdict.name
+        # A restarted trainer that died before this agent saw it alive is a new death.
+        changed = changed or (verdict.name == DEAD and pid != self.since_pid)
         if changed:
             self.verdict_since = since_text(time.time())
+            self.since_pid = pid
             log(f"verdict {verdict.name}: {verdict.reason}")
             if verdict.name not in (HEALTHY, UNKNOWN):
                 self.pending_events.append((f"Verdict{verdict.name}", verdict.reason, True))
