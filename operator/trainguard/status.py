@@ -5,6 +5,12 @@ and the truth of each standard condition). `advance()` turns the previous status
 state into the next status, keeping `lastTransitionTime` of conditions whose status did not
 change; `changed()` says whether it must be written; `transition_events()` lists the Events
 to send after the write (one per change of the state's reason).
+
+The init steps have conditions of their own, set from `status.preflight` / `status.staging`
+(`step_conditions`): `Preflight` (True, PreflightPassed, with the figures; False,
+PreflightFailed, with the failed checks) and `DataStaged` (False, StagingData, with the
+progress while staging runs; True, DataStaged or DataStagingSkipped; False, StagingFailed).
+`step_events` tells each new outcome once.
 """
 
 from __future__ import annotations
@@ -14,8 +20,15 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from trainguard.api import Condition, TrainingRunStatus
-from trainguard.api.constants import ConditionStatus, ConditionType, Phase, Verdict
-from trainguard.api.status import LayerCheckpoint
+from trainguard.api.constants import (
+    ConditionStatus,
+    ConditionType,
+    Phase,
+    Reason,
+    StagingPhase,
+    Verdict,
+)
+from trainguard.api.status import LayerCheckpoint, Preflight, Staging
 
 # Events carry messages under 1 KiB of UTF-8 (kubectl describe stays readable); conditions
 # may hold more, but the apiserver's bound is far above anything useful.
@@ -75,6 +88,9 @@ class Observed:
     checkpoint_step: int | None = None
     # The agent's shipping report per remote layer; merged into what the status holds.
     checkpoints: tuple[LayerCheckpoint, ...] = ()
+    # The init steps' reports of the current attempt; None keeps what the status holds.
+    preflight: Preflight | None = None
+    staging: Staging | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +179,13 @@ def advance(
         conditions = set_condition(
             conditions, kind, status, state.reason, state.message, generation, now
         )
+    conditions = step_conditions(
+        conditions,
+        observed.preflight or old.preflight,
+        observed.staging or old.staging,
+        generation,
+        now,
+    )
     return old.model_copy(
         update={
             "observed_generation": generation,
@@ -178,6 +201,8 @@ def advance(
                 if observed.checkpoint_step is None
                 else observed.checkpoint_step
             ),
+            "preflight": observed.preflight or old.preflight,
+            "staging": observed.staging or old.staging,
             "checkpoints": merge_layers(old.checkpoints, observed.checkpoints),
             "start_time": old.start_time or (now if observed.started else None),
             "completion_time": old.completion_time
@@ -223,4 +248,122 @@ def transition_events(
     if state_reason(old) != state.reason:
         events.append(EventSpec(state.reason, state.message, state.warning))
     events.extend(extra)
+    return [replace(e, message=shorten_bytes(e.message, MAX_EVENT_BYTES)) for e in events]
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+# Staging phases that are still running.
+STAGING_RUNNING = frozenset({StagingPhase.LISTING, StagingPhase.HASHING, StagingPhase.COPYING})
+
+
+def human_bytes(count: float) -> str:
+    """A byte count for a message: 1.5 GiB, 340.0 MiB, 12 B."""
+    value, unit = float(count), 0
+    while abs(value) >= 1024 and unit < len(_UNITS) - 1:
+        value /= 1024
+        unit += 1
+    return f"{value:.0f} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
+
+
+def preflight_figures(preflight: Preflight) -> str:
+    """The preflight's figures in one line: bandwidth, space, GPU."""
+    parts = []
+    if preflight.write_mbps is not None and preflight.read_mbps is not None:
+        parts.append(f"write {preflight.write_mbps:g} MB/s, read {preflight.read_mbps:g} MB/s")
+    if preflight.free_bytes is not None and preflight.need_bytes is not None:
+        parts.append(
+            f"{human_bytes(preflight.free_bytes)} free, {human_bytes(preflight.need_bytes)} needed"
+        )
+    if preflight.gpu is not None:
+        gpu = f"GPU check {preflight.gpu}"
+        if preflight.gpu_used_mib is not None and preflight.gpu_total_mib is not None:
+            gpu += f" ({preflight.gpu_used_mib:g} of {preflight.gpu_total_mib:g} MiB used)"
+        parts.append(gpu)
+    return "; ".join(parts)
+
+
+def preflight_condition(preflight: Preflight) -> tuple[ConditionStatus, Reason, str]:
+    """The Preflight condition of a result: status, reason, message."""
+    where = f"attempt {preflight.attempt or '?'} on {preflight.node or 'its node'}"
+    figures = preflight_figures(preflight)
+    if preflight.passed:
+        return ConditionStatus.TRUE, Reason.PREFLIGHT_PASSED, f"passed ({where}): {figures}"
+    failed = f"{preflight.failure or 'failed'} ({where}): {preflight.message}"
+    return ConditionStatus.FALSE, Reason.PREFLIGHT_FAILED, f"{failed}; {figures}".rstrip("; ")
+
+
+def staging_progress(staging: Staging) -> str:
+    """Staging progress in one line: files, bytes, rate, ETA."""
+    total = staging.bytes_total
+    percent = f" ({100 * staging.bytes_done / total:.0f}%)" if total else ""
+    line = (
+        f"{staging.files_done}/{staging.files_total} files, "
+        f"{human_bytes(staging.bytes_done)} of {human_bytes(total)}{percent}"
+    )
+    if staging.bytes_per_second:
+        line += f", {staging.bytes_per_second / 1e6:.1f} MB/s"
+    if staging.eta_seconds is not None and staging.phase in STAGING_RUNNING:
+        line += f", ETA {staging.eta_seconds:.0f} s"
+    return line
+
+
+def staging_condition(staging: Staging) -> tuple[ConditionStatus, Reason, str]:
+    """The DataStaged condition of a staging report: status, reason, message."""
+    where = f"attempt {staging.attempt or '?'}"
+    progress = staging_progress(staging)
+    if staging.phase is StagingPhase.COMPLETE:
+        counts = f"copied {staging.copied or 0}, re-copied {staging.recopies or 0}"
+        return ConditionStatus.TRUE, Reason.DATA_STAGED, f"verified ({where}): {progress}; {counts}"
+    if staging.phase is StagingPhase.SKIPPED:
+        message = f"already staged and verified here ({where}): {progress}"
+        return ConditionStatus.TRUE, Reason.DATA_STAGING_SKIPPED, message
+    if staging.phase is StagingPhase.FAILED:
+        message = f"failed ({where}): {staging.message or 'no message'}; {progress}"
+        return ConditionStatus.FALSE, Reason.STAGING_FAILED, message
+    phase = staging.phase.value.lower()
+    return ConditionStatus.FALSE, Reason.STAGING_DATA, f"{phase} ({where}): {progress}"
+
+
+def step_conditions(
+    conditions: Sequence[Condition],
+    preflight: Preflight | None,
+    staging: Staging | None,
+    generation: int | None,
+    now: datetime,
+) -> list[Condition]:
+    """The conditions with Preflight and DataStaged set from the steps' reports (if any)."""
+    result = list(conditions)
+    for kind, made in (
+        (ConditionType.PREFLIGHT, preflight and preflight_condition(preflight)),
+        (ConditionType.DATA_STAGED, staging and staging_condition(staging)),
+    ):
+        if made:
+            truth, reason, message = made
+            result = set_condition(result, kind, truth, reason, message, generation, now)
+    return result
+
+
+def step_events(old: TrainingRunStatus, new: TrainingRunStatus) -> list[EventSpec]:
+    """One Event per new outcome of a step (and per staging start) of an attempt.
+
+    A failed preflight is told by the failure it is (`PreflightFailed`, with the evidence),
+    not here.
+    """
+    events = []
+    pre, was = new.preflight, old.preflight
+    told = was is not None and was.passed and was.attempt == (pre and pre.attempt)
+    if pre is not None and pre.passed and not told:
+        _, reason, message = preflight_condition(pre)
+        events.append(EventSpec(reason, message))
+    stage, before = new.staging, old.staging
+    if stage is not None:
+        running = stage.phase in STAGING_RUNNING
+        kept = (
+            before is not None
+            and before.attempt == stage.attempt
+            and (before.phase in STAGING_RUNNING if running else before.phase is stage.phase)
+        )
+        if not kept:
+            _, reason, message = staging_condition(stage)
+            events.append(EventSpec(reason, message, warning=reason is Reason.STAGING_FAILED))
     return [replace(e, message=shorten_bytes(e.message, MAX_EVENT_BYTES)) for e in events]

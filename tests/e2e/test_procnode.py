@@ -11,6 +11,7 @@ from operator_proc import eventually
 
 from trainguard.devcluster.cluster import Cluster, _pid_alive
 from trainguard.devcluster.nodes import PROCESS_NODE_LABEL, process_node_name
+from trainguard.devcluster.procnode import ENV_FILENAME
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -121,3 +122,90 @@ def test_container_exit_code_is_reported(cluster: Cluster, namespace: str) -> No
     )
     state = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert state["exitCode"] == 3
+
+
+def _one_shot(name: str, node: str, script: str, **container: Any) -> dict[str, Any]:
+    manifest = _manifest(name, node)
+    manifest["spec"]["initContainers"] = []
+    manifest["spec"]["volumes"] = []
+    main = manifest["spec"]["containers"][0]
+    main.pop("volumeMounts")
+    main["command"] = _sh(script)
+    main["env"] = [{"name": "FAULT", "value": "pod"}, {"name": "KEPT", "value": "pod"}]
+    main.update(container)
+    return manifest
+
+
+def _terminated(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        status = _pod(cluster, namespace, name).get("status", {})
+        if status.get("phase") not in ("Succeeded", "Failed"):
+            return None
+        terminated: dict[str, Any] = status["containerStatuses"][0]["state"]["terminated"]
+        return terminated
+
+    found: dict[str, Any] = eventually(done, what=f"pod {name} finished")
+    return found
+
+
+@pytest.fixture
+def env_override(cluster: Cluster) -> Any:
+    """Write a node's env.json for one test; removed afterwards."""
+    written: list[Path] = []
+
+    def write(node: str, text: str) -> None:
+        path = cluster.root / "procnodes" / node / ENV_FILENAME
+        path.write_text(text)
+        written.append(path)
+
+    yield write
+    for path in written:
+        path.unlink(missing_ok=True)
+
+
+def test_a_node_env_override_reaches_every_container_on_that_node_only(
+    cluster: Cluster, namespace: str, env_override: Any
+) -> None:
+    sick, other = process_node_name(0), process_node_name(1)
+    env_override(sick, json.dumps({"FAULT": "node"}))
+    script = 'echo "$FAULT $KEPT" > "$TRAINGUARD_TERMINATION_LOG"'
+    for name, node in (("on-sick", sick), ("on-other", other)):
+        cluster.kubectl(
+            "-n", namespace, "create", "-f", "-", input=json.dumps(_one_shot(name, node, script))
+        )
+    # The node's value wins over the pod's; the pod's other values stay; other nodes unchanged.
+    assert _terminated(cluster, namespace, "on-sick")["message"].strip() == "node pod"
+    assert _terminated(cluster, namespace, "on-other")["message"].strip() == "pod pod"
+
+
+def test_an_invalid_env_override_fails_the_container_with_the_reason(
+    cluster: Cluster, namespace: str, env_override: Any
+) -> None:
+    node = process_node_name(0)
+    env_override(node, '["not", "an", "object"]')
+    manifest = _one_shot("broken", node, "exit 0")
+    cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(manifest))
+    terminated = _terminated(cluster, namespace, "broken")
+    assert (terminated["exitCode"], terminated["reason"]) == (128, "StartError")
+    assert "must be a JSON object of strings" in terminated["message"]
+
+
+def test_termination_messages_as_a_kubelet_reports_them(cluster: Cluster, namespace: str) -> None:
+    node = process_node_name(1)
+    cases = {
+        # The file's content, cut at 4 KiB as a kubelet keeps it.
+        "file": ('head -c 5000 /dev/zero | tr "\\0" x > "$TRAINGUARD_TERMINATION_LOG"', {}),
+        # No file content: the log's tail, on failure, when the policy asks for it.
+        "fallback": (
+            "echo first; echo last words; exit 4",
+            {"terminationMessagePolicy": "FallbackToLogsOnError"},
+        ),
+        "no-fallback": ("echo not a message; exit 4", {}),
+    }
+    for name, (script, extra) in cases.items():
+        manifest = _one_shot(name, node, script, **extra)
+        cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(manifest))
+    assert _terminated(cluster, namespace, "file")["message"] == "x" * 4096
+    fallback = _terminated(cluster, namespace, "fallback")
+    assert fallback["exitCode"] == 4 and fallback["message"].endswith("first\nlast words")
+    assert "message" not in _terminated(cluster, namespace, "no-fallback")

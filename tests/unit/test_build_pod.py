@@ -238,6 +238,8 @@ def test_staging_from_a_pvc_copies_it_to_a_local_volume() -> None:
     assert env_of(stage)[env.DATA_BYTES] == str(71 * GI)
     assert mounts(stage) == {
         "/trainguard/data": {"name": "data", "mountPath": "/trainguard/data"},
+        # Its progress report goes to the agent through the state volume.
+        "/trainguard/state": {"name": "state", "mountPath": "/trainguard/state"},
         "/trainguard/source": {
             "name": "data-source",
             "mountPath": "/trainguard/source",

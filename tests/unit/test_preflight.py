@@ -75,8 +75,18 @@ def test_a_healthy_node_passes_with_figures(node: dict[str, Path]) -> None:
     assert space["figures"]["free_bytes"] > space["figures"]["need_bytes"]
     gpu = checks(result, preflight.GPU)["gpu"]
     assert gpu["status"] == preflight.PASS and gpu["figures"]["source"] == "simulated"
+    # The termination message is the status's summary: the slowest bandwidth, the space.
     short = json.loads(node["termination"].read_text())
-    assert short == {key: result[key] for key in preflight.TERMINATION_KEYS}
+    assert short == steps.preflight_summary(result)
+    rates = checks(result, preflight.BANDWIDTH).values()
+    assert short["passed"] is True and short["gpu"] == preflight.PASS
+    assert short["writeMbps"] == min(c["figures"]["write_mb_per_s"] for c in rates)
+    assert short["readMbps"] == min(c["figures"]["read_mb_per_s"] for c in rates)
+    assert (short["freeBytes"], short["needBytes"]) == (
+        space["figures"]["free_bytes"],
+        10 * MIB,
+    )
+    assert (short["gpuUsedMib"], short["gpuTotalMib"]) == (0.0, 143771.0)
 
 
 @pytest.mark.parametrize(
@@ -126,7 +136,8 @@ def test_a_disk_that_corrupts_written_data_fails(
     assert integrity["figures"]["written_hash"] != integrity["figures"]["read_hash"]
     assert "the disk corrupts data" in result["message"]
     short = json.loads(node["termination"].read_text())
-    assert (short["ok"], short["failure"], short["exit_code"]) == (False, "StorageCorrupt", 10)
+    assert (short["passed"], short["failure"]) == (False, "StorageCorrupt")
+    assert "the disk corrupts data" in short["message"]
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,10 @@ from trainguard.agent.sources import (
     read_chunks,
 )
 from trainguard.api import env
+from trainguard.api.constants import ANNOTATION_STAGING, StagingPhase
+from trainguard.api.status import Staging
 from trainguard.ckpt import DEFAULT_ALGORITHM, hash_file
+from trainguard.policies import initsteps
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -329,7 +332,11 @@ def test_a_source_read_that_never_returns_fails_within_the_timeout(
     assert failed["phase"] == staging.FAILED
     assert failed["exit_code"] == staging.ExitCode.SOURCE_HUNG
     assert hung in str(failed["error"])
-    assert json.loads(termination_log.read_text()) == failed  # reported before os._exit
+    # Reported before os._exit, in short: the fields of the run's status.staging.
+    short = json.loads(termination_log.read_text())
+    assert short == steps.staging_summary(failed, None)
+    assert short["phase"] == staging.FAILED and hung in short["message"]
+    assert len(short["message"]) <= steps.SUMMARY_MESSAGE_LIMIT
 
 
 @pytest.fixture
@@ -409,3 +416,33 @@ def test_write_manifest_records_every_shard_for_later_stagings(
     }
     assert written["hash_algorithm"] == DEFAULT_ALGORITHM
     assert {f["path"]: [f["size"], f["hash"]] for f in written["files"]} == expected
+
+
+def test_progress_reaches_the_agents_lease_annotations_while_staging_runs(
+    tmp_path: Path, shards: tuple[Path, dict[str, bytes]]
+) -> None:
+    source, contents = shards
+    dest = tmp_path / "data"
+    # A slow source (the documented hook): about 20 ms per file, one stream.
+    opts = staging.Options(read_timeout_s=10, jobs=1, pause_per_file_s=0.02)
+    worker = threading.Thread(
+        target=staging.stage,
+        args=(DirectorySource(source), dest, opts, progress(tmp_path, "src", dest)),
+    )
+    worker.start()
+    seen: list[Staging] = []
+    while worker.is_alive():
+        text = steps.lease_annotations(tmp_path, "2").get(ANNOTATION_STAGING)
+        parsed = initsteps.parse(Staging, text)
+        if parsed is not None:
+            seen.append(parsed)
+        time.sleep(0.05)
+    worker.join()
+    running = [s for s in seen if s.phase == StagingPhase.COPYING and 0 < s.files_done < SHARDS]
+    assert running, seen
+    assert running[-1].bytes_per_second and running[-1].eta_seconds is not None
+    assert all(s.attempt == 2 for s in seen)
+    final = initsteps.parse(Staging, steps.lease_annotations(tmp_path, "2").get(ANNOTATION_STAGING))
+    assert final is not None and final.phase == StagingPhase.COMPLETE
+    assert final.files_done == final.files_total == len(contents)
+    assert len(steps.lease_annotations(tmp_path, "2")[ANNOTATION_STAGING]) < 400

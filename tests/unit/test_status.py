@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from trainguard.api import Condition, TrainingRunStatus
-from trainguard.api.constants import ConditionStatus, Phase
+from trainguard.api.constants import CheckResult, ConditionStatus, Phase, StagingPhase
+from trainguard.api.status import Preflight, Staging
+from trainguard.policies import initsteps
+from trainguard.policies.lifecycle import PodView
+from trainguard.policies.signals import LeaseView
 from trainguard.status import (
     MAX_EVENT_BYTES,
     EventSpec,
@@ -19,6 +24,8 @@ from trainguard.status import (
     find,
     set_condition,
     shorten,
+    step_conditions,
+    step_events,
     transition_events,
 )
 
@@ -141,3 +148,200 @@ def test_event_messages_stay_under_one_kibibyte(text: str) -> None:
     assert len(event.message.encode()) <= MAX_EVENT_BYTES < 1024
     assert event.message.endswith("...")
     assert shorten("short", 10) == "short"
+
+
+# ----- init steps: Preflight and DataStaged ------------------------------------------------
+
+PASSED = Preflight(
+    attempt=2,
+    node="node-b",
+    passed=True,
+    write_mbps=850.5,
+    read_mbps=1200.0,
+    free_bytes=100 * 2**30,
+    need_bytes=3 * 2**30,
+    gpu=CheckResult.PASS,
+    gpu_used_mib=0.0,
+    gpu_total_mib=143771.0,
+    message="every check passed",
+)
+FAILED = Preflight(
+    attempt=1,
+    node="node-a",
+    passed=False,
+    failure="StorageCorrupt",
+    write_mbps=80.0,
+    read_mbps=600.0,
+    message="integrity l1: read back with another hash: the disk corrupts data",
+)
+
+
+def staging_at(phase: StagingPhase, done: int, **more: object) -> Staging:
+    return Staging.model_validate(
+        {
+            "attempt": 2,
+            "phase": phase,
+            "files_done": done,
+            "files_total": 200,
+            "bytes_done": done * 2**20,
+            "bytes_total": 200 * 2**20,
+            "bytes_per_second": 50e6,
+            "eta_seconds": (200 - done) * 2**20 / 50e6,
+            **more,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("preflight", "staging", "expected"),
+    [
+        (
+            PASSED,
+            None,
+            {
+                "Preflight": (
+                    TRUE,
+                    "PreflightPassed",
+                    "passed (attempt 2 on node-b): write 850.5 MB/s, read 1200 MB/s; "
+                    "100.0 GiB free, 3.0 GiB needed; GPU check pass (0 of 143771 MiB used)",
+                )
+            },
+        ),
+        (
+            FAILED,
+            None,
+            {
+                "Preflight": (
+                    FALSE,
+                    "PreflightFailed",
+                    "StorageCorrupt (attempt 1 on node-a): integrity l1: read back with another "
+                    "hash: the disk corrupts data; write 80 MB/s, read 600 MB/s",
+                )
+            },
+        ),
+        (
+            None,
+            staging_at(StagingPhase.COPYING, 50),
+            {
+                "DataStaged": (
+                    FALSE,
+                    "StagingData",
+                    "copying (attempt 2): 50/200 files, 50.0 MiB of 200.0 MiB (25%), "
+                    "50.0 MB/s, ETA 3 s",
+                )
+            },
+        ),
+        (
+            None,
+            staging_at(StagingPhase.COMPLETE, 200, copied=199, recopies=1),
+            {
+                "DataStaged": (
+                    TRUE,
+                    "DataStaged",
+                    "verified (attempt 2): 200/200 files, 200.0 MiB of 200.0 MiB (100%), "
+                    "50.0 MB/s; copied 199, re-copied 1",
+                )
+            },
+        ),
+        (
+            None,
+            staging_at(StagingPhase.SKIPPED, 200),
+            {
+                "DataStaged": (
+                    TRUE,
+                    "DataStagingSkipped",
+                    "already staged and verified here (attempt 2): 200/200 files, 200.0 MiB of "
+                    "200.0 MiB (100%), 50.0 MB/s",
+                )
+            },
+        ),
+        (
+            None,
+            staging_at(StagingPhase.FAILED, 7, message="shard-7: no answer within 60 s"),
+            {
+                "DataStaged": (
+                    FALSE,
+                    "StagingFailed",
+                    "failed (attempt 2): shard-7: no answer within 60 s; 7/200 files, 7.0 MiB of "
+                    "200.0 MiB (4%), 50.0 MB/s",
+                )
+            },
+        ),
+        (None, None, {}),
+    ],
+    ids=["passed", "failed", "copying", "complete", "skipped", "staging-failed", "none"],
+)
+def test_step_conditions_carry_the_figures(
+    preflight: Preflight | None,
+    staging: Staging | None,
+    expected: dict[str, tuple[ConditionStatus, str, str]],
+) -> None:
+    conditions = step_conditions([], preflight, staging, 3, T0)
+    assert {c.type: (c.status, c.reason, c.message) for c in conditions} == expected
+    assert all(c.observed_generation == 3 for c in conditions)
+
+
+def test_advance_keeps_the_step_reports_until_new_ones_come() -> None:
+    state = RunState("Training", "running", ready=True, progressing=True)
+    first = advance(TrainingRunStatus(), state, Observed(attempt=2, preflight=PASSED), 1, T0)
+    assert first.preflight == PASSED
+    assert find(first.conditions, "Preflight") is not None
+    again = advance(first, state, Observed(attempt=2), 1, T1)
+    assert again.preflight == PASSED and not changed(first, again)
+
+
+def test_step_events_tell_each_outcome_once_per_attempt() -> None:
+    empty = TrainingRunStatus()
+    copying = empty.model_copy(update={"staging": staging_at(StagingPhase.COPYING, 10)})
+    further = empty.model_copy(update={"staging": staging_at(StagingPhase.COPYING, 90)})
+    staged = empty.model_copy(
+        update={"staging": staging_at(StagingPhase.COMPLETE, 200), "preflight": PASSED}
+    )
+    assert [e.reason for e in step_events(empty, copying)] == ["StagingData"]
+    assert step_events(copying, further) == []  # progress is in the condition, not in Events
+    assert [(e.reason, e.warning) for e in step_events(further, staged)] == [
+        ("PreflightPassed", False),
+        ("DataStaged", False),
+    ]
+    assert step_events(staged, staged) == []
+    # A failed preflight is told by the failure path (PreflightFailed with its evidence).
+    assert step_events(empty, empty.model_copy(update={"preflight": FAILED})) == []
+    failed = empty.model_copy(update={"staging": staging_at(StagingPhase.FAILED, 7)})
+    assert [(e.reason, e.warning) for e in step_events(copying, failed)] == [
+        ("StagingFailed", True)
+    ]
+    # The next attempt staging again is a new story.
+    next_attempt = staging_at(StagingPhase.COPYING, 0).model_copy(update={"attempt": 3})
+    again = [
+        e.reason for e in step_events(staged, empty.model_copy(update={"staging": next_attempt}))
+    ]
+    assert again == ["StagingData"]
+
+
+# ----- where the reports come from: Lease annotations, termination messages ------------------
+
+
+def test_a_summary_parses_into_the_status_model_and_junk_reads_as_none() -> None:
+    text = json.dumps({**PASSED.to_object(), "futureKey": 1})
+    assert initsteps.parse(Preflight, text) == PASSED
+    for junk in (None, "", "not json", "[1]", '{"passed": "maybe"}', "{}"):
+        assert initsteps.parse(Preflight, junk) is None, junk
+
+
+def test_reports_speak_for_the_current_attempt_and_a_final_one_wins() -> None:
+    live = json.dumps(staging_at(StagingPhase.COPYING, 10).to_object())
+    final = json.dumps(staging_at(StagingPhase.COMPLETE, 200).to_object())
+    lease = LeaseView(holder="llm-2", preflight=json.dumps(PASSED.to_object()), staging=live)
+    pod = PodView("llm-2", 2, staging_report=final)
+    preflight, staging = initsteps.reports("llm", 2, None, lease)
+    assert (preflight, staging and staging.phase) == (PASSED, StagingPhase.COPYING)
+    assert initsteps.reports("llm", 2, pod, lease)[1] == staging_at(StagingPhase.COMPLETE, 200)
+    # The Lease of an earlier pod, or a pod of another attempt, speaks for nothing.
+    assert initsteps.reports("llm", 3, pod, lease) == (None, None)
+    status = TrainingRunStatus(attempt=2)
+    assert initsteps.news("llm", lease, status)
+    caught_up = status.model_copy(
+        update={"preflight": PASSED, "staging": staging_at(StagingPhase.COPYING, 10)}
+    )
+    assert not initsteps.news("llm", lease, caught_up)
+    assert not initsteps.news("llm", lease, TrainingRunStatus(attempt=3))

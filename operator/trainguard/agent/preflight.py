@@ -41,7 +41,8 @@ compute process is someone else's; the bound is ``--gpu-max-used-mib`` (default:
 probe's reason.
 
 Results go to ``$TRAINGUARD_STATE_DIR/preflight.json`` (see `report`), the log, and, in short
-(`TERMINATION_KEYS`), the container's termination message (see `trainguard.agent.steps`).
+(`trainguard.agent.steps.preflight_summary`: the figures of the run's ``status.preflight``),
+the container's termination message.
 
 Fault injection, for tests only and off by default: ``TRAINGUARD_PREFLIGHT_INJECT=corrupt-readback``
 flips one byte of each test file on the disk between its close and its read-back, through a
@@ -89,8 +90,6 @@ TEST_FILE_PREFIX = ".trainguard-preflight-"
 INJECT_ENV = "TRAINGUARD_PREFLIGHT_INJECT"
 INJECT_CORRUPT_READBACK = "corrupt-readback"
 MESSAGE_LIMIT = 900  # the summary goes into an Event and a condition message (< 1 KiB)
-# What the termination message carries (the figures stay in preflight.json: 4 KiB at most).
-TERMINATION_KEYS = ("ok", "failure", "exit_code", "message", "node", "attempt")
 
 # Targets and checks, as preflight.json names them.
 L1_TARGET = "l1"
@@ -647,7 +646,8 @@ def main(argv: list[str]) -> int:
     injection = INJECT_CORRUPT_READBACK if settings.inject_corrupt_readback else None
     result = report(checks, started, environ, injection)
     steps.write_json(state / steps.PREFLIGHT_FILENAME, result)
-    steps.write_termination_message({key: result[key] for key in TERMINATION_KEYS}, environ)
+    # The termination message is the evidence of a failure: it keeps the whole message.
+    steps.write_termination_message(steps.preflight_summary(result, MESSAGE_LIMIT), environ)
     verdict = "passed" if result["ok"] else f"FAILED ({result['failure']})"
     steps.log(STEP, f"{verdict} in {result['seconds']:.1f} s, exit code {result['exit_code']}")
     code: int = result["exit_code"]

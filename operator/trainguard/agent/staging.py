@@ -35,7 +35,8 @@ The data directory holds the staged files at their paths and, hidden from datalo
 progress). Progress (phase, files, bytes, rate, ETA) goes to the log every
 ``--progress-interval`` and to ``$TRAINGUARD_STATE_DIR/staging.json`` (see `Progress.snapshot`)
 for the agent to carry into the run's status; the final report is also the container's
-termination message (see `trainguard.agent.steps`). Exit codes: `ExitCode`.
+termination message, in short (`trainguard.agent.steps.staging_summary`). Exit codes:
+`ExitCode`.
 
 Fault injection, for tests only and off by default: ``TRAINGUARD_STAGING_INJECT=slow-files:S``
 pauses S seconds after each file's bytes are written, before it is verified (a slow source),
@@ -362,18 +363,22 @@ class Progress:
         with self._lock:
             self._phase, self._exit_code = phase, int(ExitCode.OK)
         self.report(force=True)
-        steps.write_termination_message(self.snapshot(), self._environ)
+        self._terminate(self.snapshot())
 
     def fail(self, message: str, code: ExitCode) -> int:
         """Record and report a failure; return its exit code."""
         with self._lock:
-            # Bounded: the report also becomes the termination message (at most 4 KiB).
+            # Bounded: staging.json stays small (its summary is the termination message).
             self._phase, self._error, self._exit_code = FAILED, message[:ERROR_LIMIT], int(code)
         snap = self.snapshot()
         steps.write_json(self._report_path, snap)
-        steps.write_termination_message(snap, self._environ)
+        self._terminate(snap)
         steps.log(STEP, f"FAILED: {message}")
         return int(code)
+
+    def _terminate(self, snap: dict[str, Any]) -> None:
+        summary = steps.staging_summary(snap, self._environ.get(env.ATTEMPT))
+        steps.write_termination_message(summary, self._environ)
 
 
 def progress_line(snap: Mapping[str, Any]) -> str:

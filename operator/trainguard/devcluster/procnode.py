@@ -23,13 +23,25 @@ How a container is mapped onto a process (the images are not used):
 - a mount path at the start of an env value, an argument or the working dir is rewritten to
   the volume's directory (processes share this machine's file system, not a mount namespace);
 - the service-account credentials become a kubeconfig (``KUBECONFIG``) holding a token from
-  the TokenRequest API for the pod's service account, so RBAC applies as in a cluster.
+  the TokenRequest API for the pod's service account, so RBAC applies as in a cluster;
+- termination messages: each container gets a file of its own, named to the process by
+  ``TRAINGUARD_TERMINATION_LOG`` (there is no per-container ``/dev/termination-log`` or
+  ``terminationMessagePath`` without a mount namespace); what the process leaves in it (at
+  most 4 KiB, as a kubelet keeps) becomes ``state.terminated.message`` in the container's
+  status. With ``terminationMessagePolicy: FallbackToLogsOnError`` a failed container with an
+  empty file gets the tail of its log instead, as with a kubelet.
 
 Controls for failure scenarios, as files in ``<cluster>/procnodes/<node>/``:
 - ``down``: the node vanishes: its processes are killed at once and heartbeats stop (the
   controller-manager then marks it NotReady);
 - ``gpu-sim.json``: the state a simulated GPU probe reads on that node (see the agent); its
-  path is given to every process as ``TRAINGUARD_GPU_SIMULATION``.
+  path is given to every process as ``TRAINGUARD_GPU_SIMULATION``;
+- ``env.json``: a JSON object of strings, merged into the environment of every container
+  started on that node from then on, over the pod's own values (a node-level fault, e.g.
+  ``{"TRAINGUARD_PREFLIGHT_INJECT": "corrupt-readback"}`` for a disk that corrupts data at
+  rest, or ``{"TRAINGUARD_STAGING_INJECT": "slow-files:0.5"}`` for a slow source). A file
+  that is not such an object is reported in the container's log and the container fails to
+  start (reason ``StartError``), as a broken node would fail it.
 """
 
 from __future__ import annotations
@@ -55,6 +67,10 @@ PROCESS_NODE_LABEL = "trainguard.dev/process-backed"
 GPU_SIMULATION_ENV = "TRAINGUARD_GPU_SIMULATION"
 GPU_SIM_FILENAME = "gpu-sim.json"
 DOWN_FILENAME = "down"
+ENV_FILENAME = "env.json"
+TERMINATION_LOG_ENV = "TRAINGUARD_TERMINATION_LOG"
+TERMINATION_MESSAGE_LIMIT = 4096  # bytes a kubelet keeps of a termination message
+FALLBACK_LOG_LINES = 80  # FallbackToLogsOnError: the log's last lines, as a kubelet takes
 HEARTBEAT_SECONDS = 5.0
 LEASE_SECONDS = 20
 POLL_SECONDS = 0.3
@@ -86,6 +102,7 @@ class Container:
     started_at: str = ""
     finished_at: str = ""
     not_before: float = 0.0
+    message: str = ""
 
     @property
     def name(self) -> str:
@@ -110,6 +127,8 @@ class Container:
                     "finishedAt": self.finished_at,
                 }
             }
+            if self.message:
+                state["terminated"]["message"] = self.message
         else:
             state = {"waiting": {"reason": "PodInitializing" if self.init else "ContainerCreating"}}
         return {
@@ -165,6 +184,21 @@ class NodeRuntime:
     def node_dir(self, node: str) -> Path:
         """The directory holding a node's pods, local volumes and control files."""
         return self.root / node
+
+    def node_env(self, node: str) -> dict[str, str]:
+        """The node's env override (``env.json``); ValueError, saying why, when it is invalid."""
+        path = self.node_dir(node) / ENV_FILENAME
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{path}: {err}") from err
+        if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+        ):
+            raise ValueError(f"{path}: must be a JSON object of strings")
+        return data
 
     def is_down(self, node: str) -> bool:
         """True while the node's `down` control file exists."""
@@ -482,10 +516,25 @@ class NodeRuntime:
         )
         cwd.mkdir(parents=True, exist_ok=True)
         log = (pod.directory / f"{c.name}.log").open("ab")
+        termination = self._termination_log(pod, c)
+        termination.write_bytes(b"")  # created empty at each start, as a kubelet does
+        c.message = ""
+        try:
+            environ = {
+                **self._container_env(pod, spec),
+                TERMINATION_LOG_ENV: str(termination),
+                **self.node_env(str(pod.obj["spec"].get("nodeName", ""))),
+            }
+        except ValueError as err:
+            log.write(f"procnode: {err}\n".encode())
+            log.close()
+            c.exit_code, c.reason, c.message = 128, "StartError", str(err)
+            c.started_at = c.finished_at = _now()
+            return
         try:
             c.proc = subprocess.Popen(
                 argv,
-                env=self._container_env(pod, spec),
+                env=environ,
                 cwd=cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -502,8 +551,11 @@ class NodeRuntime:
         if c.proc is not None:
             c.exit_code, c.reason = None, ""
 
-    def _reap(self, c: Container) -> bool:
-        """Record an exited process; True when it exited since the last look."""
+    def _termination_log(self, pod: Pod, c: Container) -> Path:
+        return pod.directory / f"{c.name}.termination-log"
+
+    def _reap(self, pod: Pod, c: Container) -> bool:
+        """Record an exited process and its message; True when it exited since the last look."""
         if c.proc is None or c.proc.poll() is None:
             return False
         code = c.proc.returncode
@@ -511,7 +563,21 @@ class NodeRuntime:
         c.reason = "Completed" if code == 0 else "Error"
         c.finished_at = _now()
         c.proc = None
+        c.message = self._termination_message(pod, c)
         return True
+
+    def _termination_message(self, pod: Pod, c: Container) -> str:
+        try:
+            with self._termination_log(pod, c).open("rb") as handle:
+                message = handle.read(TERMINATION_MESSAGE_LIMIT)
+        except OSError:
+            message = b""
+        fallback = c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+        if not message and fallback and c.exit_code != 0:
+            with contextlib.suppress(OSError):
+                lines = (pod.directory / f"{c.name}.log").read_bytes().splitlines()
+                message = b"\n".join(lines[-FALLBACK_LOG_LINES:])[-TERMINATION_MESSAGE_LIMIT:]
+        return message.decode(errors="replace")
 
     def _maybe_restart(self, pod: Pod, c: Container, always: bool) -> None:
         should = always or (pod.restart_policy == "OnFailure" and c.exit_code != 0)
@@ -529,7 +595,7 @@ class NodeRuntime:
 
     def _step(self, pod: Pod) -> None:
         for c in pod.containers:
-            self._reap(c)
+            self._reap(pod, c)
         # Init containers, in order; a sidecar counts as done once started.
         for c in (c for c in pod.containers if c.init):
             if c.sidecar:
@@ -614,7 +680,7 @@ class NodeRuntime:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(c.proc.pid, signal.SIGKILL)
                 c.proc.wait()
-                self._reap(c)
+                self._reap(pod, c)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,8 +16,6 @@ from trainguard.api.constants import (
     ANNOTATION_VERDICT_SINCE,
     Verdict,
 )
-from trainguard.api.status import Preflight, Staging
-from trainguard.policies.initsteps import parse
 from trainguard.policies.layers import parse_layers
 from trainguard.policies.signals import LeaseView
 
@@ -50,7 +48,7 @@ def lease_view(lease: dict[str, Any]) -> LeaseView:
         duration_seconds=duration if isinstance(duration, int) else None,
         holder=spec.get("holderIdentity") or None,
         layers=parse_layers(annotations.get(ANNOTATION_LAYERS)),
-        preflight=parse(Preflight, annotations.get(ANNOTATION_PREFLIGHT)),
-        staging=parse(Staging, annotations.get(ANNOTATION_STAGING)),
+        preflight=str(annotations.get(ANNOTATION_PREFLIGHT) or ""),
+        staging=str(annotations.get(ANNOTATION_STAGING) or ""),
         since=_time(annotations.get(ANNOTATION_VERDICT_SINCE)),
     )

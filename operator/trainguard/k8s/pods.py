@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.api.constants import ANNOTATION_SPEC_HASH, LABEL_RUN
-from trainguard.api.status import Preflight, Staging
+from trainguard.api.status import Preflight
 from trainguard.build.constants import Container
 from trainguard.build.names import attempt_of
 from trainguard.k8s.client import Kube, KubeError, object_path
-from trainguard.policies.initsteps import parse
+from trainguard.policies import initsteps
 from trainguard.policies.lifecycle import PodView
+from trainguard.status import preflight_condition
 
 POD_SCHEDULED = "PodScheduled"
 UNSCHEDULABLE = "Unschedulable"
@@ -53,6 +54,9 @@ def pod_view(pod: dict[str, Any]) -> PodView | None:
     if attempt is None:
         return None
     exit_code, message = preflight_exit(pod)
+    report = initsteps.parse(Preflight, message)
+    # The evidence of a failed preflight, in words: its failed checks and figures.
+    evidence = preflight_condition(report)[2] if report and not report.passed else message
     return PodView(
         name=meta["name"],
         attempt=attempt,
@@ -62,9 +66,9 @@ def pod_view(pod: dict[str, Any]) -> PodView | None:
         spec_hash=(meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH),
         unschedulable=scheduler_message(pod),
         preflight_exit=exit_code,
-        message=message or pod.get("status", {}).get("message") or None,
-        preflight_report=parse(Preflight, message),
-        staging_report=parse(Staging, step_message(pod, Container.STAGE_DATA)),
+        message=evidence or pod.get("status", {}).get("message") or None,
+        preflight_report=message,
+        staging_report=step_message(pod, Container.STAGE_DATA),
     )
 
 

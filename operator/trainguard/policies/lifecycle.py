@@ -52,6 +52,9 @@ class PodView:
     # (the preflight's termination message, or the pod's own message).
     preflight_exit: int | None = None
     message: str | None = None
+    # The init steps' termination messages: their final reports (`policies.initsteps`).
+    preflight_report: str | None = None
+    staging_report: str | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from datetime import datetime
 
 from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Verdict
-from trainguard.api.status import LayerCheckpoint, Preflight, Staging
+from trainguard.api.status import LayerCheckpoint
 from trainguard.build.names import pod_name
 
 # Verdicts that are failures: the ladder acts on them.
@@ -33,9 +33,9 @@ class LeaseView:
     holder: str | None = None  # the pod whose agent renewed it last
     # The agent's shipping report per remote layer (`trainguard.policies.layers`).
     layers: tuple[LayerCheckpoint, ...] = ()
-    # The init steps' summaries the agent carries (`trainguard.policies.initsteps`).
-    preflight: Preflight | None = None
-    staging: Staging | None = None
+    # The init steps' summaries the agent carries, as JSON (`trainguard.policies.initsteps`).
+    preflight: str = ""
+    staging: str = ""
     since: datetime | None = None  # when the verdict began, by the agent's clock
 
 

@@ -1,0 +1,299 @@
+"""Preflight and staging, end to end on process-backed nodes: a sick node is left before training.
+
+The run's first attempt is placed on node A (node B is cordoned until A holds the pod, then
+uncordoned: the run's own placement is never changed). A has one real fault:
+- `corrupt`: A's disk corrupts data at rest. The preflight's documented fault hook, switched
+  on for node A only through its env override (``procnodes/A/env.json``), flips a byte of the
+  test file on the disk between its close and its read-back;
+- `space`: A's pod storage is a real 256 MiB filesystem (a tmpfs mounted over A's pods
+  directory, where every emptyDir of a pod on A lives), smaller than one margin of free space
+  the run needs beside its checkpoints: preflight's statvfs sees the small disk;
+- `ghost`: A's simulated GPU holds 30 GiB that no process accounts for (``gpu-sim.json``).
+
+In each case the preflight fails on A, the operator taints A and lists it in
+`status.excludedNodes` with reason `PreflightFailed` and the evidence in an Event, and the
+next attempt lands on B and trains; no training process ever ran on A. On B, staging is made
+slow through B's env override (the stage-data step's documented slow-source hook), so its
+progress can be seen reaching the status while it runs; the figures of B's preflight and the
+staging outcome are then in the status and in `kubectl describe tr`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from operator_proc import (
+    OperatorProcess,
+    apply,
+    condition,
+    events_of,
+    eventually,
+    get_json,
+    pods_of,
+)
+
+from trainguard.agent import preflight, staging
+from trainguard.api.constants import TAINT_UNHEALTHY
+from trainguard.devcluster.cluster import Cluster
+from trainguard.devcluster.nodes import PROCESS_NODE_LABEL
+from trainguard.devcluster.procnode import ENV_FILENAME, GPU_SIM_FILENAME
+
+pytest_plugins = ("operator_fixtures",)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+SHARDS = 24
+# Per file, on B: 24 files over 4 streams take about 6 s, long enough to watch.
+SLOW_FILE_SECONDS = 1.0
+SMALL_DISK_BYTES = 256 * 2**20
+GHOST_MIB = 30000
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Path:
+    """Synthetic token shards, the run's data source (file://)."""
+    out = tmp_path / "shards"
+    subprocess.run(
+        [sys.executable, "-m", "trainguard_harness.shards", "--out", str(out), "--shards",
+         str(SHARDS), "--tokens", "20000", "--vocab-size", "256", "--seed", "3"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return out
+
+
+def _run(name: str, shards: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "trainguard.dev/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": name},
+        "spec": {
+            "trainer": {
+                "image": "trainguard-trainer:dev",
+                "command": [
+                    "python",
+                    "-m",
+                    "trainguard_harness.train",
+                    "--preset",
+                    "tiny",
+                    "--steps",
+                    "1000000",
+                    "--threads",
+                    "1",
+                ],
+            },
+            "model": {"parameters": 1000000},
+            "data": {"source": {"uri": f"file://{shards}"}, "size": "10Mi"},
+            "checkpoints": {"everySteps": 20},
+            "monitor": {"startupGraceSeconds": 5},
+            "placement": {"nodeSelector": {PROCESS_NODE_LABEL: "true"}},
+        },
+    }
+
+
+def _node_dir(cluster: Cluster, node: str) -> Path:
+    return cluster.root / "procnodes" / node
+
+
+def _write_env(cluster: Cluster, node: str, values: dict[str, str]) -> None:
+    (_node_dir(cluster, node) / ENV_FILENAME).write_text(json.dumps(values))
+
+
+@pytest.fixture
+def small_disk(cluster: Cluster) -> Iterator[Any]:
+    """Mount a small real filesystem over a node's pods directory; unmounted afterwards."""
+    mounted: list[Path] = []
+
+    def mount(node: str) -> Path:
+        point = _node_dir(cluster, node) / "pods"
+        point.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK_BYTES}", "tmpfs", str(point)],
+            check=True,
+        )
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:
+        subprocess.run(["umount", "-l", str(point)], check=True)
+
+
+@pytest.fixture
+def cordoned(cluster: Cluster) -> Iterator[Any]:
+    """Cordon nodes for a while; every node cordoned here is uncordoned afterwards."""
+    held: set[str] = set()
+
+    def cordon(node: str, on: bool) -> None:
+        cluster.kubectl("cordon" if on else "uncordon", node)
+        (held.add if on else held.discard)(node)
+
+    yield cordon
+    for node in held:
+        cluster.kubectl("uncordon", node, check=False)
+
+
+def _status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    status: dict[str, Any] = get_json(cluster, "tr", name, "-n", namespace).get("status", {})
+    return status
+
+
+def _pod_dirs(cluster: Cluster, node: str, namespace: str) -> list[Path]:
+    return sorted((_node_dir(cluster, node) / "pods").glob(f"{namespace}_*"))
+
+
+@pytest.mark.parametrize("operator", ["chart-rbac"], indirect=True)
+@pytest.mark.parametrize(
+    ("fault", "failure"),
+    [
+        ("corrupt", preflight.Failure.STORAGE_CORRUPT),
+        ("space", preflight.Failure.INSUFFICIENT_SPACE),
+        ("ghost", preflight.Failure.GPU_MEMORY_HELD),
+    ],
+)
+def test_a_node_failing_preflight_is_excluded_and_the_run_trains_elsewhere(
+    cluster: Cluster,
+    namespace: str,
+    operator: OperatorProcess,
+    shards: Path,
+    process_nodes: list[str],
+    small_disk: Any,
+    cordoned: Any,
+    fault: str,
+    failure: str,
+) -> None:
+    sick, healthy = process_nodes[0], process_nodes[1]
+    if fault == "corrupt":
+        _write_env(cluster, sick, {preflight.INJECT_ENV: preflight.INJECT_CORRUPT_READBACK})
+    elif fault == "space":
+        small_disk(sick)
+    else:
+        (_node_dir(cluster, sick) / GPU_SIM_FILENAME).write_text(
+            json.dumps({"ghost_mib": GHOST_MIB})
+        )
+    _write_env(cluster, healthy, {staging.INJECT_ENV: f"slow-files:{SLOW_FILE_SECONDS}"})
+    name = f"pf-{fault}"
+
+    # The first attempt goes to the sick node: the healthy one is cordoned until then.
+    cordoned(healthy, True)
+    apply(cluster, namespace, _run(name, shards))
+
+    def first_pod() -> dict[str, Any] | None:
+        pods = pods_of(cluster, namespace, name)
+        return next((p for p in pods if p["spec"].get("nodeName")), None)
+
+    pod = eventually(first_pod, timeout=60, what="the first pod bound")
+    assert pod["spec"]["nodeName"] == sick
+    cordoned(healthy, False)
+
+    # A is excluded for PreflightFailed, tainted, with the evidence in an Event.
+    def excluded() -> list[dict[str, Any]] | None:
+        nodes = _status(cluster, namespace, name).get("excludedNodes") or []
+        return nodes or None
+
+    (entry,) = eventually(excluded, timeout=90, what=f"{sick} in status.excludedNodes")
+    assert (entry["node"], entry["reason"]) == (sick, "PreflightFailed")
+    taints = get_json(cluster, "node", sick)["spec"].get("taints") or []
+    assert {"key": TAINT_UNHEALTHY, "value": "PreflightFailed", "effect": "NoSchedule"} in [
+        {k: t.get(k) for k in ("key", "value", "effect")} for t in taints
+    ]
+    evidence = [e for e in events_of(cluster, namespace, name) if e["reason"] == "PreflightFailed"]
+    assert evidence and evidence[0]["type"] == "Warning"
+    assert failure in evidence[0]["message"], evidence[0]["message"]
+    status = _status(cluster, namespace, name)
+    assert status["lastFailure"]["cause"] == "PreflightFailed"
+    assert status["lastFailure"]["node"] == sick
+
+    # The next attempt stages on B: its progress reaches the status while staging runs.
+    seen_running: list[dict[str, Any]] = []
+
+    def staged() -> dict[str, Any] | None:
+        current = _status(cluster, namespace, name)
+        progress = current.get("staging") or {}
+        if progress.get("attempt") != 2:
+            return None
+        if progress.get("phase") == staging.COPYING:
+            seen_running.append(
+                {**progress, "condition": condition({"status": current}, "DataStaged")}
+            )
+        return current if progress.get("phase") == staging.COMPLETE else None
+
+    status = eventually(staged, timeout=120, what="attempt 2 staged on the healthy node")
+    partial = [
+        p
+        for p in seen_running
+        if 0 < p.get("bytesDone", 0) < p["bytesTotal"] and p["filesDone"] < SHARDS
+    ]
+    assert partial, f"no progress seen while staging ran: {seen_running}"
+    live = partial[0]
+    assert live["bytesPerSecond"] > 0 and live.get("etaSeconds") is not None, live
+    assert live["condition"]["status"] == "False" and live["condition"]["reason"] == "StagingData"
+    assert "files" in live["condition"]["message"] and "ETA" in live["condition"]["message"]
+    done = status["staging"]
+    assert done["filesDone"] == done["filesTotal"] >= SHARDS
+    assert done["bytesDone"] == done["bytesTotal"] > 0
+    assert done["copied"] == done["filesTotal"] and done["recopies"] == 0
+    staged_condition = condition({"status": status}, "DataStaged")
+    assert staged_condition is not None and staged_condition["status"] == "True"
+    assert staged_condition["reason"] == "DataStaged"
+
+    # B's preflight figures are in the status.
+    result = status["preflight"]
+    assert (result["attempt"], result["node"], result["passed"]) == (2, healthy, True)
+    assert result["writeMbps"] > 0 and result["readMbps"] > 0
+    assert result["freeBytes"] > result["needBytes"] > 0
+    assert result["gpu"] == "pass"
+    passed = condition({"status": status}, "Preflight")
+    assert passed is not None and (passed["status"], passed["reason"]) == (
+        "True",
+        "PreflightPassed",
+    )
+    assert "MB/s" in passed["message"] and "free" in passed["message"]
+
+    # ... and it trains there.
+    def training() -> dict[str, Any] | None:
+        current = _status(cluster, namespace, name)
+        ok = current.get("node") == healthy and (current.get("step") or 0) > 0
+        return current if ok else None
+
+    eventually(training, timeout=120, what="training on the healthy node")
+    assert [p["spec"]["nodeName"] for p in pods_of(cluster, namespace, name)] == [healthy]
+
+    # No training process ever ran on A: its pod never got past preflight.
+    (sick_pod,) = _pod_dirs(cluster, sick, namespace)
+    assert (sick_pod / "preflight.log").exists()
+    assert not (sick_pod / "trainer.log").exists()
+    assert not (sick_pod / "volumes" / "state" / "heartbeat.json").exists()
+
+    # `kubectl describe tr` tells the story: the exclusion, both conditions with their
+    # figures, the status objects, and the Events in order.
+    described = cluster.kubectl("describe", "tr", name, "-n", namespace).stdout
+    for pattern in (
+        rf"Excluded Nodes:\s+Node:\s+{sick}\s+Reason:\s+PreflightFailed",
+        r"Message:\s+passed \(attempt 2 on \S+\): write [\d.]+ MB/s, read [\d.]+ MB/s; "
+        r"[\d.]+ \w+ free, [\d.]+ \w+ needed; GPU check pass.*\n.*\n\s+Reason:\s+PreflightPassed"
+        r"\s+Status:\s+True\s+Type:\s+Preflight",
+        r"Message:\s+verified \(attempt 2\): (\d+)/\1 files.*copied \d+, re-copied 0\n.*\n"
+        r"\s+Reason:\s+DataStaged\s+Status:\s+True\s+Type:\s+DataStaged",
+        rf"Last Failure:\s+Attempt:\s+1\s+Cause:\s+PreflightFailed\s+Message:\s+{failure} ",
+        r"Preflight:\s+Attempt:\s+2\s+Free Bytes:\s+\d+",
+        r"Read Mbps:\s+[\d.]+\s+Write Mbps:\s+[\d.]+",
+        r"Staging:\s+Attempt:\s+2\s+Bytes Done:\s+\d+",
+    ):
+        assert re.search(pattern, described), f"{pattern!r} not in:\n{described}"
+    events = described[described.index("Events:") :]
+    told = [
+        re.search(rf"(Warning|Normal)\s+{reason}\s+.*", events)
+        for reason in ("PreflightFailed", "PreflightPassed", "StagingData", "DataStaged")
+    ]
+    assert all(told), events
+    lines = [m.group(0) for m in told if m is not None]
+    assert (
+        lines[0].startswith("Warning") and f"evidence: {failure} (attempt 1 on {sick})" in lines[0]
+    )
+    assert [events.index(line) for line in lines] == sorted(events.index(line) for line in lines)
