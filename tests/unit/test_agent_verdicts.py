@@ -79,7 +79,14 @@ CASES = [
     ),
     (
         "gone, memory held past the bound",
-        replace(ALIVE, process_alive=False, seconds_since_death=6, gpu_used_mib=9000),
+        replace(
+            ALIVE,
+            process_alive=False,
+            seconds_since_death=6,
+            gpu_used_mib=9000,
+            seconds_held_since_death=6,
+            memory_left_mib=9000,
+        ),
         GHOST_MEMORY,
     ),
     (
@@ -150,8 +157,15 @@ def test_log_age_alone_never_yields_dead_or_hung() -> None:
 
 
 NOT_RELEASED_CASES = [
-    replace(ALIVE, process_alive=False, seconds_since_death=6, gpu_used_mib=9000),
-    replace(ALIVE, gpu_unattributed_mib=1500, seconds_held_since_death=5),
+    replace(
+        ALIVE,
+        process_alive=False,
+        seconds_since_death=6,
+        gpu_used_mib=9000,
+        seconds_held_since_death=6,
+        memory_left_mib=9000,
+    ),
+    replace(ALIVE, gpu_unattributed_mib=1500, seconds_held_since_death=5, memory_left_mib=1500),
 ]
 
 
@@ -161,6 +175,7 @@ def test_memory_not_released_after_a_death_names_its_cause(signals: Signals) -> 
     assert verdict.name == GHOST_MEMORY
     assert verdict.evidence[EVIDENCE_CAUSE] == "GPUMemoryNotReleased"
     assert "not released" in verdict.reason
+    assert f"{signals.memory_left_mib:.0f} MiB" in verdict.reason
 
 
 def test_ghost_memory_without_a_death_has_no_narrower_cause() -> None:
@@ -177,6 +192,7 @@ class Pod:
         self.heartbeat = root / "heartbeat.json"
         self.gpu_file = root / "gpu.json"
         self.sim = root / "gpu-sim.json"
+        self.supervisor = root / "supervisor.json"
         self.process: subprocess.Popen[bytes] | None = None
         self.collector = Collector(
             heartbeat_file=self.heartbeat,
@@ -184,12 +200,16 @@ class Pod:
             l1_dir=root / "l1",
             log_file=None,
             marker=b"TRAINGUARD_TEST_MARKER=" + str(root).encode(),
+            supervisor_file=self.supervisor,
         )
 
-    def start(self) -> None:
+    def start(self, heartbeat: bool = True) -> None:
+        """The supervisor starts a trainer; it writes its first heartbeat (or not yet)."""
         self.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        beat = {"pid": self.process.pid, "step": 10, "time": time.time(), "phase": "training"}
-        self.heartbeat.write_text(json.dumps(beat))
+        self.supervisor.write_text(json.dumps({"state": "running", "child_pid": self.process.pid}))
+        if heartbeat:
+            beat = {"pid": self.process.pid, "step": 10, "time": time.time(), "phase": "training"}
+            self.heartbeat.write_text(json.dumps(beat))
 
     def kill(self) -> None:
         assert self.process is not None
@@ -249,3 +269,24 @@ def test_memory_released_after_a_death_ends_the_watch(pod: Pod) -> None:
     later = pod.observe(20.0)
     assert later.seconds_held_since_death is None
     assert classify(later, T).name == HEALTHY
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("ghost", "expected"), [(0, DEAD), (1500, GHOST_MEMORY)])
+def test_a_restarted_trainer_before_its_first_heartbeat_holds_its_own_memory(
+    pod: Pod, ghost: float, expected: str
+) -> None:
+    pod.start()
+    pod.observe(0.0)
+    pod.ghost(ghost)
+    pod.kill()
+    # Restarted in place before the agent looked again, still loading: the memory the new
+    # trainer takes is its own, not the dead one's.
+    pod.start(heartbeat=False)
+    assert pod.observe(1.0).seconds_since_death == 0.0
+    later = pod.observe(8.0)
+    assert not later.process_alive  # the agent has not seen the new trainer yet
+    verdict = classify(later, T)
+    assert verdict.name == expected, verdict.reason
+    if expected == GHOST_MEMORY:
+        assert later.memory_left_mib == 1500

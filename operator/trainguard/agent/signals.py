@@ -139,6 +139,9 @@ class Collector:
     gpu_stale_s: float = 5.0
     # GPU memory at or below this counts as released (the classifier's `released_mib`).
     released_mib: float = 512.0
+    # The supervisor's state file: says when it has restarted the trainer, before the new
+    # process's first heartbeat.
+    supervisor_file: Path | None = None
     proc: Path = Path("/proc")
 
     def __post_init__(self) -> None:
@@ -180,7 +183,8 @@ class Collector:
             and snapshot.available
             and wall_now - snapshot.time <= self.gpu_stale_s
         )
-        held_s = self._held_since_death(now, alive, snapshot if self.gpu_fresh else None)
+        running = alive or self._restarted()
+        held_s, left = self._held_since_death(now, running, snapshot if self.gpu_fresh else None)
         return Signals(
             trainer_seen=self.pid is not None,
             process_alive=alive,
@@ -201,26 +205,41 @@ class Collector:
             log_age_s=self._log_age(wall_now),
             seconds_since_start=now - self.pid_seen_at if self.pid is not None else 0.0,
             seconds_held_since_death=held_s,
+            memory_left_mib=left,
         )
 
-    def _held_since_death(
-        self, now: float, alive: bool, snapshot: gpu.GpuSnapshot | None
-    ) -> float | None:
-        """Seconds since the last death while its memory is still held by no live process.
+    def _restarted(self) -> bool:
+        """Whether the supervisor runs a trainer other than the one last seen (no heartbeat yet)."""
+        if self.supervisor_file is None:
+            return False
+        try:
+            data = json.loads(self.supervisor_file.read_text())
+        except (OSError, ValueError):
+            return False
+        child = data.get("child_pid") if isinstance(data, dict) else None
+        if not isinstance(child, int) or child == self.pid:
+            return False
+        return proc_state(child, self.proc) not in (None, "Z")
 
-        While the trainer is gone, all used memory is left over; once the supervisor has
-        restarted it, what no live process accounts for is. NVML's PIDs are host PIDs, so
-        this reasons from totals only. A reading at or below the released bound ends it.
+    def _held_since_death(
+        self, now: float, running: bool, snapshot: gpu.GpuSnapshot | None
+    ) -> tuple[float | None, float | None]:
+        """(seconds since the last death, memory it left) while that memory is still held.
+
+        While no trainer runs, all used memory is left over (a leftover process holding it
+        included); once the supervisor has restarted the trainer, what no live process
+        accounts for is. NVML's PIDs are host PIDs, so this reasons from totals only. A reading
+        at or below the released bound ends it.
         """
         if self.unreleased_death_at is None or snapshot is None:
-            return None
-        leftover = snapshot.used_mib if not alive else snapshot.unattributed_mib
+            return None, None
+        leftover = snapshot.unattributed_mib if running else snapshot.used_mib
         if leftover is None:
-            return None  # the driver cannot attribute memory per process: no judgement
+            return None, None  # the driver cannot attribute memory per process: no judgement
         if leftover <= self.released_mib:
             self.unreleased_death_at = None
-            return None
-        return now - self.unreleased_death_at
+            return None, None
+        return now - self.unreleased_death_at, leftover
 
     def _log_age(self, wall_now: float) -> float | None:
         if self.log_file is None:

@@ -68,9 +68,12 @@ class Signals:
     gpu_unattributed_mib: float | None = None  # used by no live process (driver's view)
     log_age_s: float | None = None
     seconds_since_start: float = float("inf")  # since this trainer process was first seen
-    # Since the last death, while the memory it left (held by no live process) has stayed
-    # above the released bound at every reading; None: no such death, released, or unknown.
+    # Since the last death, while the memory it left (all used memory until a trainer runs
+    # again, then what no live process accounts for) has stayed above the released bound at
+    # every reading; None: no such death, released, or unknown. `memory_left_mib` is that
+    # memory at the latest reading.
     seconds_held_since_death: float | None = None
+    memory_left_mib: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,27 +112,18 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
         return Verdict(UNKNOWN, "trainer process not started yet", evidence)
 
     gpu_known = s.gpu_used_mib is not None
-    if not s.process_alive or s.process_state == "Z":
-        held = gpu_known and (s.gpu_used_mib or 0.0) > t.released_mib
-        since = s.seconds_since_death or 0.0
-        if held and since >= t.release_after_death_s:
-            return Verdict(
-                GHOST_MEMORY,
-                f"trainer gone {since:.0f}s but the driver still reports "
-                f"{s.gpu_used_mib:.0f} MiB used: memory not released after death",
-                {**evidence, EVIDENCE_CAUSE: NOT_RELEASED},
-            )
-        return Verdict(DEAD, "trainer process absent", evidence)
-
     held_s = s.seconds_held_since_death
     if held_s is not None and held_s >= t.release_after_death_s:
-        # Restarted in place, but what the dead process held is still held by no live one.
+        # Whether or not the trainer was restarted in place meanwhile, what the dead process
+        # held is still held by no live one: the node's GPU is not usable as it should be.
         return Verdict(
             GHOST_MEMORY,
-            f"{s.gpu_unattributed_mib or 0.0:.0f} MiB held by no live process "
-            f"{held_s:.0f}s after the trainer died: memory not released after death",
+            f"{s.memory_left_mib or 0.0:.0f} MiB still held {held_s:.0f}s after the trainer "
+            "died, by no live trainer: memory not released after death",
             {**evidence, EVIDENCE_CAUSE: NOT_RELEASED},
         )
+    if not s.process_alive or s.process_state == "Z":
+        return Verdict(DEAD, "trainer process absent", evidence)
 
     if s.process_state == "D" and s.seconds_in_d_state >= t.io_stuck_after_s:
         return Verdict(
