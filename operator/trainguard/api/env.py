@@ -25,7 +25,7 @@ spell the strings elsewhere.
 | TRAINGUARD_POD_NAME | the pod's name (downward API; the Lease holder) |
 | TRAINGUARD_LEASE_NAME | the run's heartbeat Lease (`<run>-heartbeat`) |
 | TRAINGUARD_MONITOR | the run's `spec.monitor`, as JSON (camelCase keys, as in the API) |
-| TRAINGUARD_RECOVERY | the run's `spec.recovery`, as JSON: the supervisor's restart cap and back-off |
+| TRAINGUARD_RECOVERY | the run's `spec.recovery`, as JSON: the supervisor's restarts and back-off |
 | TRAINGUARD_LAYERS | the run's remote layers (`spec.checkpoints.layers`), as a JSON list |
 | TRAINGUARD_DATA_SOURCE | data source of `stage-data`: a directory (source PVC mount) or URI |
 | TRAINGUARD_DATA_BYTES | expected size of the staged data, bytes (`preflight` free space) |
