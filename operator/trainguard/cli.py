@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("trainguard.operator_main", "run the operator: reconcile TrainingRuns into pods"),
     "restore": ("trainguard.agent.shipper", "init step: bring the newest valid checkpoint into L1"),
     "stage-data": ("trainguard.agent.staging", "init step: copy the data to local disk, verified"),
+    "status": ("trainguard.timeline", "a TrainingRun's timeline from its status and Events"),
     "supervise": ("trainguard_harness.supervisor", "run a training command under supervision"),
 }
 

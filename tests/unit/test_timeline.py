@@ -1,0 +1,118 @@
+"""`trainguard status` rendering, on a run and Events recorded from `trainguard demo`.
+
+The recording (tests/unit/recorded/) holds the demo run after both recoveries (silent death
+restarted in place twice, then ghost memory: node excluded, attempt 2 restored from the
+remote layer) and the Events of its namespace, including those of two earlier runs of the
+same name, which the timeline must leave out.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.timeline import entries, render
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
+
+RECORDED = Path(__file__).parent / "recorded"
+
+
+@pytest.fixture
+def run() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((RECORDED / "demo-run.json").read_text())
+    return data
+
+
+@pytest.fixture
+def events() -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads((RECORDED / "demo-events.json").read_text())["items"]
+    return items
+
+
+def _section(text: str, title: str) -> str:
+    """One blank-line-separated section of the rendering, by its first words."""
+    found = [s for s in text.split("\n\n") if s.startswith(title)]
+    assert len(found) == 1, f"no single section {title!r} in:\n{text}"
+    return found[0]
+
+
+def test_only_the_runs_own_events_in_time_order(
+    run: dict[str, Any], events: list[dict[str, Any]]
+) -> None:
+    uid = run["metadata"]["uid"]
+    own = [e for e in events if e["involvedObject"]["uid"] == uid]
+    assert 0 < len(own) < len(events)  # the recording holds other runs' Events too
+    found = entries(run, events)
+    assert len(found) == len(own)
+    times = [e.time for e in found]
+    assert times == sorted(times)
+    # An earlier run of the same name stopped on a repeated failure; this one never did.
+    assert "RepeatedFailureAtStep" not in {e.reason for e in found}
+
+
+def test_header_shows_where_the_run_is(run: dict[str, Any], events: list[dict[str, Any]]) -> None:
+    header = render(run, events).split("\n\n")[0]
+    assert header.startswith("TrainingRun trainguard-demo/demo: Suspended, verdict Healthy")
+    assert "attempt 2" in header
+    assert "step 112" in header
+    assert "restarts 3" in header
+
+
+def test_detections_list_each_failure_and_the_action(
+    run: dict[str, Any], events: list[dict[str, Any]]
+) -> None:
+    detections = _section(render(run, events), "Detections")
+    assert detections.splitlines()[0] == "Detections (3)"
+    rows = detections.splitlines()[2:]
+    assert [row.split()[1] for row in rows] == ["Dead", "Dead", "GhostMemory"]
+    assert "restart in place 1/3" in rows[0]
+    assert "excluding it and moving the run" in rows[2]
+    # The JSON evidence stays out of the terminal view.
+    assert "evidence" not in detections and "{" not in detections
+
+
+def test_exclusion_and_restore_from_the_remote_layer(
+    run: dict[str, Any], events: list[dict[str, Any]]
+) -> None:
+    text = render(run, events)
+    excluded = _section(text, "Excluded nodes")
+    assert excluded.splitlines()[2].split()[:2] == ["proc-node-0", "GhostMemory"]
+    restores = _section(text, "Restores")
+    assert "agent demo-2" in restores
+    assert "restored step 100 from layer backup" in restores
+    checkpoints = _section(text, "Checkpoints")
+    assert checkpoints.splitlines()[3].split()[:3] == ["backup", "116", "yes"]
+
+
+def test_timeline_marks_warnings_and_names_the_agent(
+    run: dict[str, Any], events: list[dict[str, Any]]
+) -> None:
+    timeline = _section(render(run, events), "Timeline")
+    assert timeline.splitlines()[0].startswith("Timeline (2026-12-03, UTC")
+    lines = timeline.splitlines()[2:]
+    assert any("agent demo-1" in line and "!VerdictGhostMemory" in line for line in lines)
+    assert any("operator" in line and "!GhostMemory" in line for line in lines)
+    assert any(
+        "operator" in line and " Scheduling " in line and "attempt 2" in line for line in lines
+    )
+
+
+def test_a_new_run_without_status_or_events(run: dict[str, Any]) -> None:
+    fresh = {"metadata": copy.deepcopy(run["metadata"])}
+    text = render(fresh, [])
+    assert "Checkpoints: none yet" in text
+    assert "Excluded nodes: none" in text
+    assert "Detections: none" in text
+    assert "Restores: none" in text
+    assert "Events: none" in text
+
+
+def test_last_failure_stands_in_when_the_events_expired(run: dict[str, Any]) -> None:
+    detections = _section(render(run, []), "Detections")
+    assert detections.splitlines()[0] == "Detections (1)"
+    assert detections.splitlines()[2].split()[:2] == ["04:43:43", "GhostMemory"]
