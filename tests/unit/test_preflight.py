@@ -77,7 +77,7 @@ def test_a_healthy_node_passes_with_figures(node: dict[str, Path]) -> None:
     assert gpu["status"] == preflight.PASS and gpu["figures"]["source"] == "simulated"
     # The termination message is the status's summary: the slowest bandwidth, the space.
     short = json.loads(node["termination"].read_text())
-    assert short == steps.preflight_summary(result)
+    assert short == steps.preflight_summary(result, preflight.MESSAGE_LIMIT)
     rates = checks(result, preflight.BANDWIDTH).values()
     assert short["passed"] is True and short["gpu"] == preflight.PASS
     assert short["writeMbps"] == min(c["figures"]["write_mb_per_s"] for c in rates)
