@@ -5,7 +5,6 @@ helm is the pinned binary that hack/build-control-plane.sh builds with the contr
 
 from __future__ import annotations
 
-import json
 import subprocess
 import uuid
 from collections.abc import Iterable
@@ -15,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from trainguard import demo_env
 from trainguard.devcluster.cluster import Cluster, default_home, ensure_binaries
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,23 +144,6 @@ def uninstall(cluster: Cluster, release: Release) -> None:
 
 def token_kubeconfig(cluster: Cluster, release: Release, path: Path) -> Path:
     """Write a kubeconfig that authenticates with the release's ServiceAccount token only."""
-    token = cluster.kubectl(
-        "create",
-        "token",
-        release.account,
-        "-n",
-        release.namespace,
-        f"--duration={TOKEN_DURATION}",
-    ).stdout.strip()
-    admin = json.loads(Path(cluster.kubeconfig).read_text())
-    server = admin["clusters"][0]["name"]
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": admin["clusters"],
-        "users": [{"name": release.account, "user": {"token": token}}],
-        "contexts": [{"name": "operator", "context": {"cluster": server, "user": release.account}}],
-        "current-context": "operator",
-    }
-    path.write_text(json.dumps(config))
-    return path
+    return demo_env.token_kubeconfig(
+        cluster, release.namespace, release.account, path, TOKEN_DURATION
+    )

@@ -68,6 +68,8 @@ def ensure_namespace(cluster: Cluster, name: str) -> None:
 
 def chart_rbac(repo: Path, helm: Path, watch_namespace: str) -> list[Obj]:
     """The chart's ServiceAccount and RBAC for an operator watching one namespace."""
+    if not helm.exists():
+        raise ClusterError(f"helm is missing in {helm.parent}; run ./hack/setup.sh first")
     values = {"operator": {"watchNamespaces": [watch_namespace]}}
     result = subprocess.run(
         [str(helm), "template", RELEASE, str(repo / "charts" / "trainguard"),
@@ -84,10 +86,12 @@ def chart_rbac(repo: Path, helm: Path, watch_namespace: str) -> list[Obj]:
     return objects
 
 
-def token_kubeconfig(cluster: Cluster, namespace: str, account: str, path: Path) -> Path:
+def token_kubeconfig(
+    cluster: Cluster, namespace: str, account: str, path: Path, duration: str = TOKEN_DURATION
+) -> Path:
     """Write a kubeconfig that authenticates with one ServiceAccount's token only."""
     token = cluster.kubectl(
-        "create", "token", account, "-n", namespace, f"--duration={TOKEN_DURATION}"
+        "create", "token", account, "-n", namespace, f"--duration={duration}"
     ).stdout.strip()
     admin = json.loads(cluster.kubeconfig.read_text())
     server = admin["clusters"][0]["name"]

@@ -1,0 +1,105 @@
+"""The README's first command, non-interactively: `trainguard demo --json`, `trainguard status`.
+
+The demo runs on a control plane of its own (a unique name, torn down afterwards), exactly as
+a user runs it: its own CRD install, the operator as a local process with the chart's RBAC,
+two process-backed nodes, examples/demo.yaml. Its one JSON object must show both recoveries
+with honest figures; `trainguard status` on the kept cluster must tell the same story.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.devcluster.cluster import Cluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+TRAINGUARD = Path(sys.executable).parent / "trainguard"
+DEMO_TIMEOUT_SECONDS = 900
+# The demo's run: examples/demo.yaml, in the demo's namespace.
+RUN, NAMESPACE = "demo", "trainguard-demo"
+GHOST_CAUSES = {"GhostMemory", "GPUMemoryNotReleased"}
+# Dead is seen by absence within a few agent intervals; ghost memory is judged only once the
+# dead trainer's memory outlives monitor.ghostMemory.releaseTimeoutSeconds (30 s by default)
+# or a restarted trainer finds it held by no process.
+DEAD_DETECT_BOUND_S = 5.0
+GHOST_DETECT_BOUND_S = 30.0 + 15.0
+
+
+@pytest.fixture
+def demo_cluster() -> Any:
+    """A unique cluster name for the demo; the cluster is torn down afterwards."""
+    name = f"demo-test-{uuid.uuid4().hex[:6]}"
+    try:
+        yield name
+    finally:
+        Cluster(name).down(purge=True)
+
+
+def _demo(name: str) -> tuple[dict[str, Any], str]:
+    done = subprocess.run(
+        [str(TRAINGUARD), "demo", "--json", "--name", name],
+        capture_output=True, text=True, timeout=DEMO_TIMEOUT_SECONDS, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"demo failed ({done.returncode}):\n{done.stderr[-8000:]}"
+    summary: dict[str, Any] = json.loads(done.stdout)  # nothing else on stdout
+    return summary, done.stderr
+
+
+def test_demo_shows_both_recoveries_and_status_tells_the_story(demo_cluster: str) -> None:
+    summary, progress = _demo(demo_cluster)
+    every = summary["checkpoint_every_steps"]
+    assert every > 0
+    death, ghost = summary["recoveries"]
+    for recovery in (death, ghost):
+        assert set(recovery) >= {
+            "cause", "detect_s", "resume_s", "steps_lost", "from_layer", "node_before",
+            "node_after",
+        }  # fmt: skip
+        assert 0 < recovery["detect_s"] <= recovery["resume_s"], recovery
+        assert 0 <= recovery["steps_lost"] <= every, recovery
+        assert recovery["from_layer"], recovery
+
+    assert death["cause"] == "Dead"
+    assert death["detect_s"] <= DEAD_DETECT_BOUND_S, death
+    assert death["node_before"] == death["node_after"]
+    assert death["from_layer"] == "l1"
+
+    assert ghost["cause"] in GHOST_CAUSES
+    assert ghost["detect_s"] <= GHOST_DETECT_BOUND_S, ghost
+    assert ghost["node_before"] != ghost["node_after"]
+    assert ghost["from_layer"] == "backup"  # the remote layer: L1 stayed on the sick node
+    assert ghost["attempt_after"] == ghost["attempt_before"] + 1
+
+    totals = summary["totals"]
+    assert totals["recoveries"] == 2
+    assert totals["excluded_nodes"] == [ghost["node_before"]]
+    assert totals["checkpoints_verified"].get("l1", 0) >= 2
+    assert totals["checkpoints_verified"].get("backup", 0) >= 1
+    # The narration went to stderr.
+    assert "silent death" in progress and "ghost VRAM" in progress
+
+    # The cluster was kept: the run's story, as `trainguard status` tells it.
+    cluster = Cluster(demo_cluster)
+    assert summary["kubeconfig"] == str(cluster.kubeconfig)
+    status = subprocess.run(
+        [str(TRAINGUARD), "status", RUN, "-n", NAMESPACE, "--kubeconfig", summary["kubeconfig"]],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    text = status.stdout
+    sections = {s.split("\n", 1)[0].split(" (")[0]: s for s in text.split("\n\n")}
+    detections = sections["Detections"]
+    assert " Dead " in detections and ghost["cause"] in detections, text
+    excluded = sections["Excluded nodes"]
+    assert ghost["node_before"] in excluded and ghost["cause"] in excluded, text
+    restores = sections["Restores"]
+    assert f"restored step {ghost['resumed_step']} from layer backup" in restores, text
+    assert "backup" in sections["Checkpoints"], text
