@@ -61,6 +61,38 @@ def test_a_failed_preflight_carries_its_exit_code_and_termination_message() -> N
     assert (view.phase, view.preflight_exit, view.message) == ("Failed", 12, message)
 
 
+def test_the_steps_summaries_become_reports_and_words_of_evidence() -> None:
+    preflight = (
+        '{"attempt":2,"failure":"StorageCorrupt","message":"integrity l1: the disk corrupts'
+        ' data","node":"gpu-a","passed":false,"readMbps":600.0,"writeMbps":80.0}'
+    )
+    staged = '{"attempt":2,"phase":"Complete","filesDone":3,"filesTotal":3}'
+    statuses = [
+        {"name": "preflight", "state": {"terminated": {"exitCode": 10, "message": preflight}}},
+        {"name": "stage-data", "state": {"terminated": {"exitCode": 0, "message": staged}}},
+    ]
+    view = pod_view(pod(phase="Failed", initContainerStatuses=statuses))
+    assert view is not None
+    assert (view.preflight_report, view.staging_report) == (preflight, staged)
+    assert view.message == (
+        "StorageCorrupt (attempt 2 on gpu-a): integrity l1: the disk corrupts data; "
+        "write 80 MB/s, read 600 MB/s"
+    )
+
+
+def test_a_failed_staging_is_the_evidence_of_its_pods_failure() -> None:
+    passed = '{"attempt":2,"message":"all passed","passed":true}'
+    failed = '{"attempt":2,"phase":"Failed","message":"shard-7: no answer within 60 s"}'
+    statuses = [
+        {"name": "preflight", "state": {"terminated": {"exitCode": 0, "message": passed}}},
+        {"name": "stage-data", "state": {"terminated": {"exitCode": 4, "message": failed}}},
+    ]
+    view = pod_view(pod(phase="Failed", initContainerStatuses=statuses, message="init failed"))
+    assert view is not None and view.preflight_exit == 0
+    assert view.message is not None
+    assert view.message.startswith("failed (attempt 2): shard-7: no answer within 60 s")
+
+
 def test_a_failed_pod_without_preflight_carries_the_pods_message() -> None:
     view = pod_view(pod(phase="Failed", message="The node was low on resource"))
     assert view is not None

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainguard.api.constants import ANNOTATION_SPEC_HASH, LABEL_RUN
-from trainguard.api.status import Preflight
+from trainguard.api.constants import ANNOTATION_SPEC_HASH, LABEL_RUN, StagingPhase
+from trainguard.api.status import Preflight, Staging
 from trainguard.build.constants import Container
 from trainguard.build.names import attempt_of
 from trainguard.k8s.client import Kube, KubeError, object_path
 from trainguard.policies import initsteps
 from trainguard.policies.lifecycle import PodView
-from trainguard.status import preflight_condition
+from trainguard.status import preflight_condition, staging_condition
 
 POD_SCHEDULED = "PodScheduled"
 UNSCHEDULABLE = "Unschedulable"
@@ -55,8 +55,14 @@ def pod_view(pod: dict[str, Any]) -> PodView | None:
         return None
     exit_code, message = preflight_exit(pod)
     report = initsteps.parse(Preflight, message)
-    # The evidence of a failed preflight, in words: its failed checks and figures.
-    evidence = preflight_condition(report)[2] if report and not report.passed else message
+    staged = step_message(pod, Container.STAGE_DATA)
+    staging = initsteps.parse(Staging, staged)
+    # The evidence of a failed step, in words: the failed checks and figures, or the error.
+    evidence = message
+    if report is not None:
+        evidence = preflight_condition(report)[2] if not report.passed else None
+    if staging is not None and staging.phase is StagingPhase.FAILED:
+        evidence = staging_condition(staging)[2]
     return PodView(
         name=meta["name"],
         attempt=attempt,
@@ -68,7 +74,7 @@ def pod_view(pod: dict[str, Any]) -> PodView | None:
         preflight_exit=exit_code,
         message=evidence or pod.get("status", {}).get("message") or None,
         preflight_report=message,
-        staging_report=step_message(pod, Container.STAGE_DATA),
+        staging_report=staged,
     )
 
 
