@@ -1,0 +1,469 @@
+"""Detection benchmark: N silent deaths of a trainer, how fast trainguard sees each and resumes.
+
+Starts a local control plane of its own (or uses `--cluster NAME`, started with
+`trainguard dev cluster up --name NAME --process-nodes 1`) with a process-backed node, so the
+run's pod is real local processes: the agent sidecar, the supervisor and the reference
+trainer. Installs the CRD, starts `trainguard operator` (a local process, default settings)
+on a fresh namespace and creates one TrainingRun with `monitor.intervalSeconds: 1`. Then:
+
+1. a normal stretch (`--normal-seconds`, with checkpoint saves in it): the largest gap
+   between two writes of the trainer's log, sampled every `LOG_SAMPLE_S`. The log-age
+   watchdog's threshold T is that gap rounded up to a whole second: the smallest that
+   raises no false alarm over a normal run. A watchdog polling every `--watchdog-poll`
+   seconds runs over the same stretch and must raise none.
+2. `--deaths` silent deaths: SIGKILL of the training process (pid from the heartbeat file),
+   each at a random moment of steady training. For each it measures
+   - death -> `Dead` visible in the run's status, as delivered by a WATCH
+     (`kubectl get -w -o json`, read as it streams; no polling);
+   - death -> next training step (the heartbeat of the restarted process shows a step);
+   - the steps lost (step at death - newest checkpoint step at death);
+   - the log-age baseline on the same death: the first watchdog poll at which the log's age,
+     counted from its last write before the death, reaches T.
+     The supervisor restarts the trainer in place within seconds, and a restarted trainer
+     writes the log again, so a log-age watchdog never fires here at all; its detection
+     time is taken from the write the death left behind, on the watchdog's own poll ticks.
+
+Prints ONE JSON object on stdout; progress goes to stderr. Targets: `detect_p50_s` <= 2 and
+`detect_p99_s` <= 5 with a 1 s interval.
+
+    python bench/detect.py --deaths 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainguard.api.constants import CRD_NAME
+from trainguard.devcluster.cluster import Cluster
+from trainguard.devcluster.nodes import PROCESS_NODE_LABEL
+
+REPO = Path(__file__).resolve().parents[1]
+TRAINGUARD = Path(sys.executable).parent / "trainguard"
+STARTED_MARKER = "Activity 'configure' succeeded"
+RUN = "detect"
+EVERY_STEPS = 20
+INTERVAL_S = 1
+BACKOFF_S = 1
+POLL_S = 0.02  # heartbeat file reads (the trainer side has no watch)
+LOG_SAMPLE_S = 0.02
+STEADY_STEPS = 5  # steps a restarted trainer makes before the next death
+
+
+def log(message: str) -> None:
+    """Progress, on stderr (stdout carries only the JSON report)."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deaths", type=int, default=20, help="silent deaths to cause")
+    parser.add_argument("--cluster", help="use this running dev cluster instead of a new one")
+    parser.add_argument(
+        "--normal-seconds", type=float, default=60.0, help="normal stretch for the baseline"
+    )
+    parser.add_argument(
+        "--watchdog-poll", type=float, default=1.0, help="the log-age watchdog's poll (s)"
+    )
+    parser.add_argument("--timeout", type=float, default=1200.0, help="give up after (seconds)")
+    args = parser.parse_args(argv)
+    if args.deaths < 1 or args.normal_seconds <= 0 or args.watchdog_poll <= 0:
+        parser.error("--deaths must be >= 1; --normal-seconds and --watchdog-poll > 0")
+    return args
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100), linear between the nearest ranks."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def run_manifest(shards: Path, deaths: int) -> dict[str, Any]:
+    """The run: the reference trainer on the process-backed node, watched every second.
+
+    Every death is restarted in place (inPlaceRestarts and maxRestarts above the deaths),
+    with a constant 1 s back-off, and the repeated-failure rule off (`sameStepWindow: 0`):
+    the benchmark measures detection and resume, not the ladder's later rungs.
+    """
+    restarts = deaths + 5
+    return {
+        "apiVersion": "trainguard.dev/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": RUN},
+        "spec": {
+            "trainer": {
+                "image": "trainguard-trainer:dev",
+                "command": [
+                    "python",
+                    "-m",
+                    "trainguard_harness.train",
+                    "--preset",
+                    "tiny",
+                    "--steps",
+                    "100000000",
+                    "--threads",
+                    "1",
+                ],
+            },
+            "model": {"parameters": 1000000},
+            "data": {"source": {"uri": f"file://{shards}"}, "size": "10Mi"},
+            "checkpoints": {"everySteps": EVERY_STEPS},
+            "monitor": {"intervalSeconds": INTERVAL_S, "startupGraceSeconds": 5},
+            "recovery": {
+                "inPlaceRestarts": restarts,
+                "maxRestarts": restarts,
+                "sameStepWindow": 0,
+                "backoff": {"initialSeconds": BACKOFF_S, "maxSeconds": BACKOFF_S},
+            },
+            "placement": {"nodeSelector": {PROCESS_NODE_LABEL: "true"}},
+        },
+    }
+
+
+class StatusWatch:
+    """`kubectl get tr -w -o json`, read as it streams: each status with its arrival time."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        argv = [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(cluster.kubeconfig),
+                "get", "trainingrun", RUN, "-n", namespace, "-w", "-o", "json"]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.seen: list[tuple[float, dict[str, Any]]] = []
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        decoder = json.JSONDecoder()
+        buffer = ""
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            buffer += raw.decode()
+            while buffer.strip():
+                try:
+                    obj, end = decoder.raw_decode(buffer.lstrip())
+                except ValueError:
+                    break  # an object still arriving
+                buffer = buffer.lstrip()[end:]
+                with self.changed:
+                    self.seen.append((time.monotonic(), obj.get("status") or {}))
+                    self.changed.notify_all()
+
+    def wait(self, check: Any, after: float, deadline: float, what: str) -> tuple[float, Any]:
+        """The first status delivered at or after `after` for which `check` holds."""
+        with self.changed:
+            while True:
+                for at, status in self.seen:
+                    if at >= after and check(status):
+                        return at, status
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"timed out waiting for {what}")
+                self.changed.wait(min(left, 1.0))
+
+    def latest(self) -> dict[str, Any]:
+        """The status last delivered."""
+        with self.changed:
+            return self.seen[-1][1] if self.seen else {}
+
+    def stop(self) -> None:
+        """End the watch."""
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file the trainer side writes, or None while absent or half written."""
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except (OSError, ValueError):
+        return None
+
+
+def wait_for(check: Any, deadline: float, what: str, poll: float = POLL_S) -> Any:
+    """Poll a local file check until it returns something truthy."""
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(poll)
+
+
+class LogWrites:
+    """The trainer's log, sampled: the time of every write seen (mtime changes)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.writes: list[float] = []  # wall-clock mtimes, in order
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        last = None
+        while not self._stop.is_set():
+            try:
+                mtime = self.path.stat().st_mtime
+            except OSError:
+                mtime = None
+            if mtime is not None and mtime != last:
+                self.writes.append(mtime)
+                last = mtime
+            time.sleep(LOG_SAMPLE_S)
+
+    def last_before(self, wall: float) -> float:
+        """The last write at or before `wall`."""
+        return max(w for w in self.writes if w <= wall)
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+        self.thread.join()
+
+
+def largest_gap(writes: list[float], start: float, end: float) -> float:
+    """The longest time without a write in [start, end]."""
+    inside = [start, *(w for w in writes if start <= w <= end), end]
+    return max(b - a for a, b in itertools.pairwise(inside))
+
+
+def watchdog_alarms(
+    writes: list[float], threshold: float, poll: float, start: float, end: float
+) -> list[float]:
+    """The alarms of a log-age watchdog polling every `poll` s from `start` over the writes."""
+    alarms = []
+    tick = start
+    while tick <= end:
+        seen = [w for w in writes if w <= tick]
+        if seen and tick - seen[-1] > threshold:
+            alarms.append(tick)
+        tick += poll
+    return alarms
+
+
+def logage_detection(
+    last_write: float, died: float, threshold: float, poll: float, t0: float
+) -> float:
+    """Seconds from the death to the watchdog's first poll at which the log is older than T."""
+    due = last_write + threshold
+    ticks = math.floor((due - t0) / poll) + 1
+    return t0 + ticks * poll - died
+
+
+def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
+    """Set up, run the normal stretch and the deaths; clean up what it created."""
+    cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / f"{CRD_NAME}.yaml")
+    )
+    # Polled, not `kubectl wait`: on a fresh apiserver the CRD may have no conditions yet,
+    # which `kubectl wait` takes for an error.
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+    wait_for(
+        lambda: (
+            cluster.kubectl("get", f"crd/{CRD_NAME}", "-o", f"jsonpath={established}").stdout
+            == "True"
+        ),
+        time.monotonic() + 90,
+        "the CRD established",
+        0.5,
+    )
+    namespace = f"detect-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", namespace)
+    work = Path(tempfile.mkdtemp(prefix="bench-detect-"))
+    shards = work / "shards"
+    subprocess.run(
+        [sys.executable, "-m", "trainguard_harness.shards", "--out", str(shards), "--shards", "2",
+         "--tokens", "100000", "--vocab-size", "256", "--seed", "1"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    log_file = work / "operator.log"
+    argv = [str(TRAINGUARD), "operator", "--kubeconfig", str(cluster.kubeconfig), "-n", namespace]
+    with log_file.open("wb") as out:
+        operator = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    watch: StatusWatch | None = None
+    writes: LogWrites | None = None
+    try:
+        deadline = time.monotonic() + args.timeout
+        wait_for(lambda: STARTED_MARKER in log_file.read_text(errors="replace"), deadline,
+                 "the operator", 0.2)  # fmt: skip
+        log(f"operator up (pid {operator.pid}, log {log_file})")
+        watch = StatusWatch(cluster, namespace)
+        cluster.kubectl("apply", "-n", namespace, "-f", "-",
+                        input=yaml.safe_dump(run_manifest(shards, args.deaths)))  # fmt: skip
+
+        def pod() -> dict[str, Any] | None:
+            found = json.loads(
+                cluster.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout
+            )["items"]
+            return next((p for p in found if p["spec"].get("nodeName")), None)
+
+        bound = wait_for(pod, deadline, "the pod on its node", 0.5)
+        meta = bound["metadata"]
+        pod_dir = (
+            cluster.root / "procnodes" / bound["spec"]["nodeName"] / "pods"
+            / f"{namespace}_{meta['name']}_{meta['uid']}"
+        )  # fmt: skip
+        state = pod_dir / "volumes" / "state"
+        heartbeat = state / "heartbeat.json"
+        log(f"pod {meta['name']} on {bound['spec']['nodeName']}; waiting for training")
+
+        def checkpointed() -> dict[str, Any] | None:
+            beat = read_json(heartbeat)
+            return beat if beat and (beat.get("last_checkpoint_step") or 0) >= EVERY_STEPS else None
+
+        wait_for(checkpointed, deadline, "the first checkpoint")
+        watch.wait(lambda s: s.get("verdict") == "Healthy", 0, deadline, "Healthy")
+
+        # 1. The normal stretch: the log's largest gap, with checkpoint saves in it.
+        writes = LogWrites(pod_dir / "trainer.log")
+        start_beat = read_json(heartbeat) or {}
+        normal_start = time.time()
+        log(f"normal stretch of {args.normal_seconds:.0f} s for the log-age threshold")
+        time.sleep(args.normal_seconds)
+        normal_end = time.time()
+        end_beat = read_json(heartbeat) or {}
+        gap = largest_gap(writes.writes, normal_start, normal_end)
+        threshold = float(math.ceil(gap))
+        false_alarms = watchdog_alarms(
+            writes.writes, threshold, args.watchdog_poll, normal_start, normal_end
+        )
+        saves = (end_beat.get("last_checkpoint_step") or 0) - (
+            start_beat.get("last_checkpoint_step") or 0
+        )
+        log(f"largest log gap {gap:.2f} s -> T = {threshold:.0f} s; {len(false_alarms)} alarms")
+        if false_alarms:
+            raise RuntimeError(f"the watchdog with T={threshold} alarmed on a normal run")
+
+        # 2. The deaths.
+        detects, resumes, lost, baseline = [], [], [], []
+        rng = random.Random(1)
+        for number in range(1, args.deaths + 1):
+            before = wait_for(lambda: read_json(heartbeat), deadline, "a heartbeat")
+            restarts = int(watch.latest().get("restarts") or 0)
+            time.sleep(rng.uniform(0.0, 2.0))  # a random moment relative to the agent's looks
+            beat = read_json(heartbeat) or before
+            pid = int(beat["pid"])
+            died_wall, died = time.time(), time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+
+            def dead(status: dict[str, Any], known: int = restarts) -> bool:
+                return status.get("verdict") == "Dead" and int(status.get("restarts") or 0) > known
+
+            seen_at, _ = watch.wait(dead, died, deadline, f"death {number}: Dead in the status")
+
+            def restored(old: int = pid) -> dict[str, Any] | None:
+                # The restarted process's first heartbeat with a step: the one it resumed from.
+                now_beat = read_json(heartbeat)
+                fresh = now_beat and now_beat["pid"] != old and now_beat.get("step") is not None
+                return now_beat if fresh else None
+
+            start = wait_for(restored, deadline, f"death {number}: the restart")
+            saved = int(start.get("step") or 0)
+
+            def resumed(new: int = int(start["pid"]), saved: int = saved) -> dict[str, Any] | None:
+                # A step of the restarted process past the checkpoint it resumed from.
+                now_beat = read_json(heartbeat)
+                fresh = now_beat and now_beat["pid"] == new and (now_beat.get("step") or 0) > saved
+                return now_beat if fresh else None
+
+            first = wait_for(resumed, deadline, f"death {number}: the next step")
+            resumed_at = time.monotonic()
+            detects.append(seen_at - died)
+            resumes.append(resumed_at - died)
+            lost.append(int(beat["step"]) - saved)
+            baseline.append(
+                logage_detection(writes.last_before(died_wall), died_wall, threshold,
+                                 args.watchdog_poll, normal_start)
+            )  # fmt: skip
+            log(
+                f"death {number}/{args.deaths} at step {beat['step']}: Dead seen after "
+                f"{detects[-1]:.2f} s, next step {first['step']} after {resumes[-1]:.2f} s; "
+                f"log-age watchdog would alarm after {baseline[-1]:.2f} s"
+            )
+
+            # Steady training again before the next death: a few steps by the new process
+            # and the status Healthy again.
+            def steady(start: int = int(first["step"])) -> bool:
+                return int((read_json(heartbeat) or {}).get("step") or 0) >= start + STEADY_STEPS
+
+            wait_for(steady, deadline, f"death {number}: steady training")
+            watch.wait(lambda s: s.get("verdict") == "Healthy", resumed_at, deadline, "Healthy")
+        status = watch.latest()
+        return {
+            "deaths": args.deaths,
+            "detect_p50_s": round(percentile(detects, 50), 3),
+            "detect_p99_s": round(percentile(detects, 99), 3),
+            "detect_max_s": round(max(detects), 3),
+            "resume_median_s": round(statistics.median(resumes), 3),
+            "resume_max_s": round(max(resumes), 3),
+            "baseline_logage_detect_s": round(statistics.median(baseline), 3),
+            "baseline_logage_max_s": round(max(baseline), 3),
+            "baseline_logage_threshold_s": threshold,
+            "baseline_largest_normal_gap_s": round(gap, 3),
+            "baseline_normal_seconds": args.normal_seconds,
+            "baseline_normal_checkpoint_steps": saves,
+            "baseline_watchdog_poll_s": args.watchdog_poll,
+            "monitor_interval_s": INTERVAL_S,
+            "restart_backoff_s": BACKOFF_S,
+            "checkpoint_every_steps": EVERY_STEPS,
+            "steps_lost_max": max(lost),
+            "steps_lost_median": statistics.median(lost),
+            "restarts_in_status": status.get("restarts"),
+            "cpus": os.cpu_count(),
+        }
+    finally:
+        if watch is not None:
+            watch.stop()
+        if writes is not None:
+            writes.stop()
+        operator.send_signal(signal.SIGTERM)
+        try:
+            operator.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its JSON report."""
+    args = parse_args(argv)
+    own = args.cluster is None
+    cluster = Cluster(args.cluster or f"bench-{uuid.uuid4().hex[:6]}")
+    if own:
+        log(f"starting cluster {cluster.name} with one process-backed node")
+        cluster.up(nodes=0, process_nodes=1)
+    elif not cluster.is_up():
+        log(f"cluster {cluster.name} is not up; start it with `trainguard dev cluster up`")
+        return 2
+    try:
+        report = measure(cluster, args)
+    finally:
+        if own:
+            cluster.down(purge=True)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

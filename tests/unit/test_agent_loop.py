@@ -1,0 +1,119 @@
+"""The agent's loop over real processes: when a verdict starts, and what a hang leads to.
+
+The trainer is a real child process; its heartbeat file is written by the test. The Lease
+and Events go to a recorder standing in for the API (what the agent sends is the subject).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.agent.main import Agent
+from trainguard.api import constants, env
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+
+class Recorder:
+    """Takes the agent's Lease renewals and Events."""
+
+    def __init__(self) -> None:
+        self.renewals: list[dict[str, str]] = []
+        self.events: list[tuple[str, str, bool]] = []
+
+    def renew(self, duration: int, annotations: dict[str, str]) -> None:
+        self.renewals.append(annotations)
+
+    def event(self, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append((reason, message, warning))
+
+
+def start_trainer(state: Path, step: int, script: str = "import time; time.sleep(60)") -> int:
+    """A live process standing for the trainer, and its heartbeat."""
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    beat = {"pid": proc.pid, "step": step, "time": time.time(), "phase": "training"}
+    (state / "heartbeat.json").write_text(json.dumps(beat))
+    start_trainer.procs.append(proc)  # type: ignore[attr-defined]
+    return proc.pid
+
+
+start_trainer.procs = []  # type: ignore[attr-defined]
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    for proc in start_trainer.procs:  # type: ignore[attr-defined]
+        if proc.pid == pid:
+            proc.wait(timeout=10)  # reaped: absent from /proc, as in the pod
+
+
+def agent(tmp_path: Path, **monitor: Any) -> tuple[Agent, Recorder, Path]:
+    state = tmp_path / "state"
+    state.mkdir()
+    (tmp_path / "l1").mkdir()
+    environ = {
+        env.STATE_DIR: str(state),
+        env.L1_DIR: str(tmp_path / "l1"),
+        env.MONITOR: json.dumps({"startupGraceSeconds": 0, **monitor}),
+    }
+    recorder = Recorder()
+    return Agent(environ, recorder), recorder, state
+
+
+def test_a_restarted_trainer_that_dies_unseen_is_a_new_death(tmp_path: Path) -> None:
+    loop, api, state = agent(tmp_path)
+    first = start_trainer(state, 10)
+    assert loop.step().name == "Healthy"
+    kill(first)
+    assert loop.step().name == "Dead"
+    since_first = api.renewals[-1][constants.ANNOTATION_VERDICT_SINCE]
+    assert loop.step().name == "Dead"  # the same death, looked at again
+    assert api.renewals[-1][constants.ANNOTATION_VERDICT_SINCE] == since_first
+    # Restarted and dead again between two looks: never seen alive.
+    second = start_trainer(state, 10)
+    kill(second)
+    assert loop.step().name == "Dead"
+    assert api.renewals[-1][constants.ANNOTATION_VERDICT_SINCE] != since_first
+    assert [e[0] for e in api.events].count("VerdictDead") == 2
+
+
+def test_a_hung_trainer_is_dumped_reported_then_killed_and_stays_hung(tmp_path: Path) -> None:
+    loop, api, state = agent(tmp_path, hangAfterSeconds=2, slowAfterSeconds=1)
+    # The trainer registers the harness's stack dumps, then stops advancing.
+    script = (
+        "import sys, time; sys.path.insert(0, {!r})\n"
+        "from trainguard_harness.stackdump import install_stack_dumps\n"
+        "install_stack_dumps({!r})\n"
+        "def training_loop():\n    time.sleep(60)\n"
+        "training_loop()\n"
+    ).format(str(Path(__file__).resolve().parents[2] / "trainer-image"), str(state))
+    pid = start_trainer(state, 10, script)
+    time.sleep(1.0)  # its handler registered
+    verdicts = []
+    deadline = time.monotonic() + 10
+    while "Hung" not in verdicts and time.monotonic() < deadline:
+        verdicts.append(loop.step().name)
+        time.sleep(0.3)
+    assert verdicts[-1] == "Hung", verdicts
+    reasons = [e[0] for e in api.events]
+    assert reasons[-2:] == ["VerdictHung", "HungTrainerStacks"], reasons
+    dump = api.events[-1][1]
+    assert "training_loop" in dump and len(dump.encode()) <= 900, dump
+    assert api.renewals[-1][constants.ANNOTATION_VERDICT] == "Hung"  # reported before the kill
+    for proc in start_trainer.procs:  # type: ignore[attr-defined]
+        if proc.pid == pid:
+            assert proc.wait(timeout=5) == -signal.SIGKILL
+    # The absence the kill caused is the hang's consequence: still Hung, no new failure.
+    since = api.renewals[-1][constants.ANNOTATION_VERDICT_SINCE]
+    assert loop.step().name == "Hung"
+    assert api.renewals[-1][constants.ANNOTATION_VERDICT_SINCE] == since
+    assert "VerdictDead" not in [e[0] for e in api.events]
