@@ -143,19 +143,31 @@ class StatusWatch:
     """`kubectl get tr -w -o json`, read as it streams: each status with its arrival time."""
 
     def __init__(self, cluster: Cluster, namespace: str) -> None:
-        argv = [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(cluster.kubeconfig),
-                "get", "trainingrun", RUN, "-n", namespace, "-w", "-o", "json"]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.argv = [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(cluster.kubeconfig),
+                     "get", "trainingrun", RUN, "-n", namespace, "-w", "-o", "json"]  # fmt: skip
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stopping = False
         self.seen: list[tuple[float, dict[str, Any]]] = []
         self.changed = threading.Condition()
-        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread = threading.Thread(target=self._follow, daemon=True)
         self.thread.start()
 
-    def _read(self) -> None:
+    def _follow(self) -> None:
+        # A watch ends (server timeout, a hiccup under load): it is started again at once.
+        while not self.stopping:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            )
+            self._read(self.proc)
+            self.proc.wait()
+            if not self.stopping:
+                time.sleep(0.2)
+
+    def _read(self, proc: subprocess.Popen[bytes]) -> None:
         decoder = json.JSONDecoder()
         buffer = ""
-        assert self.proc.stdout is not None
-        for raw in iter(self.proc.stdout.readline, b""):
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
             buffer += raw.decode()
             while buffer.strip():
                 try:
@@ -186,8 +198,10 @@ class StatusWatch:
 
     def stop(self) -> None:
         """End the watch."""
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        self.stopping = True
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
@@ -308,9 +322,9 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         wait_for(lambda: STARTED_MARKER in log_file.read_text(errors="replace"), deadline,
                  "the operator", 0.2)  # fmt: skip
         log(f"operator up (pid {operator.pid}, log {log_file})")
-        watch = StatusWatch(cluster, namespace)
         cluster.kubectl("apply", "-n", namespace, "-f", "-",
                         input=yaml.safe_dump(run_manifest(shards, args.deaths)))  # fmt: skip
+        watch = StatusWatch(cluster, namespace)
 
         def pod() -> dict[str, Any] | None:
             found = json.loads(
