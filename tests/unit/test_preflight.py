@@ -197,6 +197,44 @@ def test_storage_below_the_bandwidth_floor_fails(node: dict[str, Path]) -> None:
     assert "below the floor" in slow["message"]
 
 
+def test_the_floors_come_from_the_flags_else_the_nodes_environment(
+    node: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unfloored = ["--test-size", "4Mi", "--margin", "1Mi"]
+    monkeypatch.setenv(preflight.MIN_WRITE_ENV, "1e9")
+    monkeypatch.setenv(preflight.MIN_READ_ENV, "0.5")
+    code = preflight.main(unfloored)
+    result = json.loads((node["state"] / steps.PREFLIGHT_FILENAME).read_text())
+    figures = checks(result, preflight.BANDWIDTH)["l1"]["figures"]
+    assert code == preflight.ExitCode.BANDWIDTH
+    assert (figures["min_write_mb_per_s"], figures["min_read_mb_per_s"]) == (1e9, 0.5)
+    # A flag wins over the environment.
+    assert preflight.main([*unfloored, "--min-write-mbps", "0.5"]) == preflight.ExitCode.OK
+    monkeypatch.delenv(preflight.MIN_WRITE_ENV)
+    monkeypatch.delenv(preflight.MIN_READ_ENV)
+    preflight.main(unfloored)
+    result = json.loads((node["state"] / steps.PREFLIGHT_FILENAME).read_text())
+    figures = checks(result, preflight.BANDWIDTH)["l1"]["figures"]
+    assert (figures["min_write_mb_per_s"], figures["min_read_mb_per_s"]) == (
+        preflight.DEFAULT_MIN_WRITE_MBPS,
+        preflight.DEFAULT_MIN_READ_MBPS,
+    )
+
+
+@pytest.mark.parametrize("value", ["fast", "-1", "nan"])
+def test_an_invalid_floor_in_the_environment_is_a_usage_error(
+    node: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    value: str,
+) -> None:
+    monkeypatch.setenv(preflight.MIN_WRITE_ENV, value)
+    with pytest.raises(SystemExit) as exited:
+        preflight.main(["--test-size", "4Mi"])
+    assert exited.value.code == preflight.ExitCode.USAGE
+    assert f"{preflight.MIN_WRITE_ENV}={value!r}: a bandwidth in MB/s" in capsys.readouterr().err
+
+
 def test_several_failures_are_all_reported_and_the_exit_code_is_the_first_class(
     node: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

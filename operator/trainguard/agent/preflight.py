@@ -26,6 +26,9 @@ only take longer) is written, fsynced and closed (errors of each count: close is
 incident's error hid), dropped from the page cache (``POSIX_FADV_DONTNEED``; no effect on
 tmpfs), read back and hashed. Write bandwidth includes fsync and close. The file is removed
 afterwards. It is skipped when the filesystem has no room for it (the space check then fails).
+The bandwidth floors: ``--min-write-mbps`` / ``--min-read-mbps``, else
+``TRAINGUARD_PREFLIGHT_MIN_WRITE_MBPS`` / ``TRAINGUARD_PREFLIGHT_MIN_READ_MBPS`` (a node
+class's own, set in its environment), else 50 MB/s each.
 
 Space, per filesystem (L1 and data share one when both are emptyDirs): the sum over its
 targets of expected bytes minus what the target already holds (a local volume may keep a
@@ -85,6 +88,9 @@ DEFAULT_MARGIN = "1Gi"
 # node from the run for good, while a merely slow disk is still caught by the Slow verdict.
 DEFAULT_MIN_WRITE_MBPS = 50.0
 DEFAULT_MIN_READ_MBPS = 50.0
+# The floors for a node class, where the flags are not given (e.g. set on a node pool).
+MIN_WRITE_ENV = "TRAINGUARD_PREFLIGHT_MIN_WRITE_MBPS"
+MIN_READ_ENV = "TRAINGUARD_PREFLIGHT_MIN_READ_MBPS"
 MB = 1e6  # bandwidth in MB/s, as disks are rated
 TEST_FILE_PREFIX = ".trainguard-preflight-"
 INJECT_ENV = "TRAINGUARD_PREFLIGHT_INJECT"
@@ -576,14 +582,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--min-write-mbps",
         type=float,
-        default=DEFAULT_MIN_WRITE_MBPS,
-        help="write bandwidth floor in MB/s (default: %(default)s)",
+        help=f"write bandwidth floor in MB/s (default: ${MIN_WRITE_ENV} or "
+        f"{DEFAULT_MIN_WRITE_MBPS:g})",
     )
     parser.add_argument(
         "--min-read-mbps",
         type=float,
-        default=DEFAULT_MIN_READ_MBPS,
-        help="read bandwidth floor in MB/s (default: %(default)s)",
+        help=f"read bandwidth floor in MB/s (default: ${MIN_READ_ENV} or "
+        f"{DEFAULT_MIN_READ_MBPS:g})",
     )
     parser.add_argument(
         "--gpu-max-used-mib",
@@ -592,6 +598,21 @@ def _parser() -> argparse.ArgumentParser:
         f"run's monitor.ghostMemory.thresholdMiB from ${env.MONITOR})",
     )
     return parser
+
+
+def _floor(flag: float | None, environ: Mapping[str, str], name: str, default: float) -> float:
+    if flag is not None:
+        return flag
+    text = environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also NaN
+        raise ValueError(f"{name}={text!r}: a bandwidth in MB/s (a number >= 0)")
+    return value
 
 
 def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
@@ -621,8 +642,8 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         if args.keep is not None
         else int(environ.get(env.KEEP_LAST) or DEFAULT_KEEP_LAST),
         margin_bytes=args.margin,
-        min_write_mbps=args.min_write_mbps,
-        min_read_mbps=args.min_read_mbps,
+        min_write_mbps=_floor(args.min_write_mbps, environ, MIN_WRITE_ENV, DEFAULT_MIN_WRITE_MBPS),
+        min_read_mbps=_floor(args.min_read_mbps, environ, MIN_READ_ENV, DEFAULT_MIN_READ_MBPS),
         gpu_max_used_mib=monitor.ghost_memory.threshold_mib if max_used is None else max_used,
         hash_algorithm=algorithm,
         inject_corrupt_readback=injection == INJECT_CORRUPT_READBACK,
