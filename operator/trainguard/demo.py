@@ -34,10 +34,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from trainguard import demo_env
+from trainguard.agent.preflight import MIN_READ_ENV, MIN_WRITE_ENV
 from trainguard.api.constants import TAINT_UNHEALTHY, Reason, Verdict
 from trainguard.demo_watch import L1, Checkpoints, Display, Observer, PodView, progress_line
 from trainguard.devcluster.cluster import Cluster, ClusterError
 from trainguard.devcluster.nodes import process_node_name
+from trainguard.devcluster.procnode import ENV_FILENAME
 from trainguard.k8s.client import Kube, KubeError
 
 DEMO_CLUSTER = "demo"
@@ -46,7 +48,11 @@ RUN = "demo"
 KWOK_NODES = 1
 PROCESS_NODES = 2
 # Process-node control files the demo may have left behind on a reused cluster.
-CONTROL_FILES = ("gpu-sim.json", "down")
+CONTROL_FILES = ("gpu-sim.json", "down", ENV_FILENAME)
+# The process nodes' disk is this machine's, shared with whatever else runs on it: the
+# preflight's bandwidth floors (50 MB/s, for a GPU node's local NVMe) are lowered for them,
+# as a node class's own setting, so a busy laptop does not read as a sick node.
+NODE_ENV = {MIN_WRITE_ENV: "5", MIN_READ_ENV: "5"}
 GHOST_MIB = 8192
 GHOST_CAUSES = (Verdict.GHOST_MEMORY.value, Reason.GPU_MEMORY_NOT_RELEASED.value)
 POLL_SECONDS = 0.5
@@ -90,6 +96,16 @@ class Snapshot:
     beat: dict[str, Any] | None
 
 
+def evidence_reason(failure: dict[str, Any]) -> str:
+    """The sentence of a failure's evidence (the message is the agent's evidence as JSON)."""
+    message = str(failure.get("message") or "")
+    try:
+        evidence = json.loads(message)
+    except ValueError:
+        return message
+    return str(evidence.get("reason", message)) if isinstance(evidence, dict) else message
+
+
 class Demo:
     """One demo: setup, the two failures, the summary and the cleanup."""
 
@@ -101,6 +117,7 @@ class Demo:
         self.observer: Observer | None = None
         self.checkpoints = Checkpoints()
         self.every_steps = 0
+        self.last_step: int | None = None
         self.run_applied = False
 
     # ----- setup -------------------------------------------------------------------------
@@ -158,8 +175,11 @@ class Demo:
                 stale.unlink()
         nodes = [process_node_name(i) for i in range(PROCESS_NODES)]
         for node in nodes:
+            control = self.cluster.root / "procnodes" / node
             for name in CONTROL_FILES:
-                (self.cluster.root / "procnodes" / node / name).unlink(missing_ok=True)
+                (control / name).unlink(missing_ok=True)
+            control.mkdir(parents=True, exist_ok=True)
+            (control / ENV_FILENAME).write_text(json.dumps(NODE_ENV))
             self.cluster.kubectl("taint", "node", node, f"{TAINT_UNHEALTHY}-", check=False)
         self.cluster.kubectl(
             "wait", "--for=condition=Ready", *(f"node/{n}" for n in nodes), "--timeout=60s",
@@ -178,6 +198,8 @@ class Demo:
         status = observer.status()
         pod = observer.current_pod()
         beat = pod.heartbeat() if pod else None
+        if beat and beat.get("step") is not None:
+            self.last_step = int(beat["step"])
         self.checkpoints.observe(status, beat)
         self.display.progress(progress_line(status, beat))
         return Snapshot(status, pod, beat)
@@ -257,7 +279,7 @@ class Demo:
             "detection of the silent death (Dead in the run's status)",
         )  # fmt: skip
         detect_s = time.monotonic() - killed
-        say(f"   detected in {detect_s:.1f} s: {failure['cause']} ({failure.get('message', '')})")
+        say(f"   detected in {detect_s:.1f} s: {failure['cause']} ({evidence_reason(failure)})")
 
         def resumed(snap: Snapshot) -> Snapshot | None:
             beat = snap.beat or {}
@@ -344,7 +366,7 @@ class Demo:
             if failure and failure != previous and failure not in seen:
                 seen.append(failure)
                 if failure.get("cause") not in GHOST_CAUSES:
-                    say(f"   {failure.get('cause')} first: {failure.get('message', '')}")
+                    say(f"   {failure.get('cause')} first ({evidence_reason(failure)})")
             return self._new_failure(previous, GHOST_CAUSES)(snap)
 
         failure = self.watch(
@@ -352,7 +374,7 @@ class Demo:
             f"detection of the ghost memory on {node} (GhostMemory or GPUMemoryNotReleased)",
         )  # fmt: skip
         detect_s = time.monotonic() - killed
-        say(f"   detected in {detect_s:.1f} s: {failure['cause']} ({failure.get('message', '')})")
+        say(f"   detected in {detect_s:.1f} s: {failure['cause']} ({evidence_reason(failure)})")
         deadline = killed + RECOVERY_TIMEOUT
 
         def left() -> float:
@@ -440,7 +462,7 @@ class Demo:
                 "max_resume_s": max((r.resume_s for r in recoveries), default=None),
                 "steps_lost": sum(r.steps_lost for r in recoveries),
                 "checkpoints_verified": self.checkpoints.counts(),
-                "final_step": status.get("step"),
+                "final_step": self.last_step,
                 "restarts": status.get("restarts"),
                 "excluded_nodes": [e.get("node") for e in status.get("excludedNodes") or []],
                 "wall_s": round(time.monotonic() - started, 1),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -200,7 +201,9 @@ class Display:
     def progress(self, line: str) -> None:
         """The progress line: in place on a terminal, else every few seconds."""
         if self.tty:
-            print(f"\r\x1b[K  {line}", end="", file=self.stream, flush=True)
+            # Cut to the terminal's width: a wrapped line could not be redrawn in place.
+            width = shutil.get_terminal_size().columns - 3
+            print(f"\r\x1b[K  {line[:width]}", end="", file=self.stream, flush=True)
             self._progress_shown = True
         elif time.monotonic() - self._last_plain >= PLAIN_PROGRESS_SECONDS:
             self._last_plain = time.monotonic()
