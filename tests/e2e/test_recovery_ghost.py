@@ -259,6 +259,20 @@ def test_memory_held_after_a_death_moves_the_run_to_a_fresh_node_restored_from_s
         assert cause in reasons, reasons
         told = [e["message"] for e in events if e["reason"] == "Restored"]
         assert any(f"step {restored['step']} from layer {LAYER}" in m for m in told), told
+
+        # The keys reached the agent and the restore step only, and nothing ever printed them.
+        containers = {c["name"]: c for c in [*first["spec"]["initContainers"],
+                                             *first["spec"]["containers"]]}  # fmt: skip
+        secrets_env = {"name": "TRAINGUARD_LAYER_SECRETS_S3", "value": "/trainguard/credentials/s3"}
+        for name in ("agent", "restore"):
+            assert secrets_env in containers[name]["env"], name
+        trainer = containers["trainer"]
+        assert not [m for m in trainer["volumeMounts"] if m["name"].startswith("credentials-")]
+        assert not [e for e in trainer["env"] if "SECRETS" in e["name"]]
+        logs = [p.read_text() for d in (state_a, state_b) for p in d.parents[1].glob("*.log")]
+        said = [json.dumps(_status(cluster, namespace)), *(e["message"] for e in events), *logs]
+        assert len(logs) >= 8, logs  # agent, preflight, stage-data, restore, trainer per pod
+        assert not [t for t in said if S3_SECRET_KEY in t or S3_ACCESS_KEY in t]
     finally:
         bindings = watch.stop()
     print(f"ghost memory -> {node_a} tainted in {tainted_s:.1f} s; restored step "
