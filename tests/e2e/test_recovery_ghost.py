@@ -5,7 +5,7 @@ Real operator, agent, supervisor and trainer on the process-backed nodes, and a 
 the restore step mount. Once a checkpoint is verified on S3, node A's simulated GPU keeps
 memory that no process accounts for and the training process is SIGKILLed: the supervisor
 restarts it in place, but the dead process's memory is never released. The agent reports it
-past the release bound (GhostMemory: memory not released after a death); the operator taints
+past the release bound (GhostMemory, its cause GPUMemoryNotReleased); the operator taints
 node A, excludes it, and creates attempt 2, which lands on node B with an empty L1, restores
 the newest checkpoint from S3 and trains on. A watch of the run's pods shows that nothing of
 the run is placed on A again.
@@ -48,7 +48,7 @@ EVERY_STEPS = 20
 # death, it is memory not released.
 GHOST_MIB = 1024
 RELEASE_SECONDS = 3
-CAUSES = ("GPUMemoryNotReleased", "GhostMemory")
+CAUSE = "GPUMemoryNotReleased"
 TRAINER = ["python", "-m", "trainguard_harness.train", "--preset", "tiny",
            "--steps", "1000000", "--threads", "1"]  # fmt: skip
 
@@ -219,13 +219,14 @@ def test_memory_held_after_a_death_moves_the_run_to_a_fresh_node_restored_from_s
 
         cause = eventually(tainted, timeout=60, what=f"{node_a} tainted {TAINT_UNHEALTHY}")
         tainted_s = time.monotonic() - killed_at
-        assert cause in CAUSES, cause
+        assert cause == CAUSE, cause
         status = _status(cluster, namespace)
         excluded = {e["node"]: e["reason"] for e in status.get("excludedNodes", [])}
         assert excluded == {node_a: cause}
         failure = status["lastFailure"]
         assert (failure["cause"], failure["node"], failure["attempt"]) == (cause, node_a, 1)
         assert "not released" in failure["message"], failure["message"]
+        assert status["verdict"] == "GhostMemory"
 
         # Attempt 2 on the other node, with nothing of A's disk: restored from S3.
         second = eventually(
@@ -256,7 +257,7 @@ def test_memory_held_after_a_death_moves_the_run_to_a_fresh_node_restored_from_s
         )
         events = events_of(cluster, namespace, RUN)
         reasons = {e["reason"] for e in events}
-        assert cause in reasons, reasons
+        assert {"Dead", "VerdictGhostMemory", CAUSE, "Restored"} <= reasons, reasons
         told = [e["message"] for e in events if e["reason"] == "Restored"]
         assert any(f"step {restored['step']} from layer {LAYER}" in m for m in told), told
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -10,11 +11,12 @@ from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Verdict
 from trainguard.api.spec import Recovery
 from trainguard.api.status import Failure as FailureRecord
+from trainguard.k8s.leases import lease_view
 from trainguard.policies import ladder
 from trainguard.policies.failures import Found, Observation, detect, history, record
 from trainguard.policies.ladder import Failure
 from trainguard.policies.lifecycle import PodView, given_up
-from trainguard.policies.signals import LeaseView
+from trainguard.policies.signals import LeaseView, urgent
 
 pytestmark = pytest.mark.unit
 
@@ -138,3 +140,57 @@ def test_memory_left_by_a_death_is_its_aftermath_not_a_repeat(
     found = Found(Failure("GhostMemory", 120, True), "gpu-a", "not released")
     decision = ladder.decide(found.failure, history(status, found), Recovery())
     assert (decision.action.value, decision.repeated) == expected
+
+
+def _read_lease(annotations: dict[str, str]) -> LeaseView:
+    return lease_view(
+        {"metadata": {"annotations": annotations}, "spec": {"holderIdentity": "llm-2"}}
+    )
+
+
+def test_memory_not_released_is_its_own_cause_recorded_once() -> None:
+    evidence = json.dumps({"reason": "1024 MiB still held", "cause": "GPUMemoryNotReleased"})
+    annotations = {
+        "trainguard.dev/verdict": "GhostMemory",
+        "trainguard.dev/evidence": evidence,
+        "trainguard.dev/step": "120",
+    }
+    view = lease_view(
+        {"metadata": {"annotations": annotations}, "spec": {"holderIdentity": "llm-2"}}
+    )
+    assert (view.verdict, view.cause) == (Verdict.GHOST_MEMORY, "GPUMemoryNotReleased")
+    after_death = _decide(NONE, Found(Failure("Dead", 120, True), "gpu-a", "exit 1"))
+    found = detect(after_death, Observation(2, POD, view, True, T0))
+    assert found is not None and found.failure.cause == "GPUMemoryNotReleased"
+    decision = ladder.decide(found.failure, history(after_death, found), Recovery())
+    assert (decision.action.value, decision.taint_node, decision.repeated) == (
+        "Reschedule",
+        True,
+        False,
+    )
+    new = record(after_death, found, decision, 2, 1, T0)
+    assert [(e.node, e.reason) for e in new.excluded_nodes] == [("gpu-a", "GPUMemoryNotReleased")]
+    assert new.verdict == Verdict.GHOST_MEMORY  # the verdict the agent reported
+    assert detect(new, Observation(2, POD, view, True, T0)) is None  # handled
+    assert not urgent(view, new)
+
+
+@pytest.mark.parametrize(
+    ("verdict", "cause"),
+    [
+        ("GhostMemory", "Dead"),  # not a cause that narrows GhostMemory
+        ("Dead", "GPUMemoryNotReleased"),  # narrows GhostMemory, not Dead
+        ("GhostMemory", "NoSuchCause"),
+    ],
+)
+def test_only_a_cause_that_narrows_the_verdict_is_taken(verdict: str, cause: str) -> None:
+    annotations = {
+        "trainguard.dev/verdict": verdict,
+        "trainguard.dev/evidence": json.dumps({"reason": "x", "cause": cause}),
+    }
+    view = lease_view(
+        {"metadata": {"annotations": annotations}, "spec": {"holderIdentity": "llm-2"}}
+    )
+    assert view.cause is None
+    found = detect(NONE, Observation(2, POD, view, True, T0))
+    assert found is not None and found.failure.cause == verdict

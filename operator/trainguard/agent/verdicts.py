@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainguard.api.constants import Reason
+from trainguard.api.constants import EVIDENCE_CAUSE, Reason
 
 HEALTHY = "Healthy"
 SLOW = "Slow"
@@ -21,9 +21,8 @@ IO_STUCK = "IOStuck"
 UNKNOWN = "Unknown"  # nothing to judge yet (trainer not started)
 
 VERDICTS = (HEALTHY, SLOW, HUNG, DEAD, GHOST_MEMORY, IO_STUCK, UNKNOWN)
-# Evidence key naming the operator's cause when it is narrower than the verdict: memory not
-# released after a death is a GhostMemory verdict whose cause is GPUMemoryNotReleased.
-EVIDENCE_CAUSE = "cause"
+# Memory not released after a death is a GhostMemory verdict whose evidence names the
+# narrower cause (`EVIDENCE_CAUSE`), which the operator records and taints the node with.
 NOT_RELEASED = Reason.GPU_MEMORY_NOT_RELEASED.value
 
 

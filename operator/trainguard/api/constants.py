@@ -40,6 +40,8 @@ COMPONENT_RBAC = "rbac"
 # Annotations on the run's heartbeat Lease, written by the agent at every renewal.
 ANNOTATION_VERDICT = f"{PREFIX}verdict"
 ANNOTATION_EVIDENCE = f"{PREFIX}evidence"
+# Key of the evidence JSON naming a cause narrower than the verdict (GPUMemoryNotReleased).
+EVIDENCE_CAUSE = "cause"
 ANNOTATION_STEP = f"{PREFIX}step"
 ANNOTATION_SAVED_STEP = f"{PREFIX}saved-step"
 # The agent's shipping report per remote layer (JSON), and what the restore step did.

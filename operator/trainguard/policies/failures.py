@@ -7,7 +7,8 @@ A failure is one of (first match wins):
 - the preflight init step exited 10-13 (a node problem): `PreflightFailed`;
 - the pod failed (the supervisor gave up): `PodFailed`;
 - the agent of the current pod renews the Lease with a failure verdict (`Dead`, `Hung`,
-  `GhostMemory`, `IOStuck`);
+  `GhostMemory`, `IOStuck`), or with the narrower cause its evidence names
+  (`GPUMemoryNotReleased`, a GhostMemory verdict: memory a death left, still held);
 - the current pod's Lease expired and its node is NotReady or gone: `LeaseExpired`.
 
 It is new unless `status.lastFailure` already records it (same attempt and cause, and for a
@@ -30,7 +31,14 @@ from trainguard.api.status import Failure as FailureRecord
 from trainguard.policies import ladder
 from trainguard.policies.ladder import Action, Failure, History
 from trainguard.policies.lifecycle import PodView
-from trainguard.policies.signals import FAILURE_VERDICTS, LeaseView, expired, same_failure
+from trainguard.policies.signals import (
+    FAILURE_VERDICTS,
+    NARROWED_CAUSES,
+    LeaseView,
+    expired,
+    failure_cause,
+    same_failure,
+)
 from trainguard.status import set_condition
 
 # Exit codes of the preflight step that name a node problem (storage corrupt or failing,
@@ -69,8 +77,9 @@ def _cause(seen: Observation) -> tuple[str, str] | None:
         return Reason.POD_FAILED, pod.message or f"pod {pod.name} failed"
     if lease is None or lease.holder != pod.name:
         return None  # the Lease still speaks of an earlier pod
-    if lease.verdict in FAILURE_VERDICTS:
-        return lease.verdict, lease.evidence
+    cause = failure_cause(lease)
+    if cause is not None:
+        return cause, lease.evidence
     if seen.now is not None and expired(lease, seen.now) and seen.node_ready is not True:
         return Reason.LEASE_EXPIRED, f"Lease not renewed since {lease.renewed}; node not Ready"
     return None
@@ -169,6 +178,8 @@ def record(
                 message=found.message,
                 since=found.since,
             ),
-            "verdict": Verdict(failure.cause) if failure.cause in set(Verdict) else status.verdict,
+            "verdict": Verdict(failure.cause)
+            if failure.cause in set(Verdict)
+            else NARROWED_CAUSES.get(failure.cause, status.verdict),
         }
     )

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from trainguard.api import TrainingRunStatus
-from trainguard.api.constants import Verdict
+from trainguard.api.constants import Reason, Verdict
 from trainguard.api.status import LayerCheckpoint
 from trainguard.build.names import pod_name
 
 # Verdicts that are failures: the ladder acts on them.
 FAILURE_VERDICTS = frozenset({Verdict.DEAD, Verdict.HUNG, Verdict.GHOST_MEMORY, Verdict.IO_STUCK})
+# Causes narrower than a verdict that the agent may name in its evidence, and their verdict.
+NARROWED_CAUSES = {Reason.GPU_MEMORY_NOT_RELEASED.value: Verdict.GHOST_MEMORY}
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class LeaseView:
     holder: str | None = None  # the pod whose agent renewed it last
     # The agent's shipping report per remote layer (`trainguard.policies.layers`).
     layers: tuple[LayerCheckpoint, ...] = ()
+    # A cause narrower than the verdict, named in the evidence (a `NARROWED_CAUSES` key).
+    cause: str | None = None
     # The init steps' summaries the agent carries, as JSON (`trainguard.policies.initsteps`).
     preflight: str = ""
     staging: str = ""
@@ -55,6 +59,13 @@ def renewed_by(lease: LeaseView, run: str, attempt: int | None) -> bool:
     return attempt is not None and lease.holder == pod_name(run, attempt)
 
 
+def failure_cause(lease: LeaseView) -> str | None:
+    """The failure a Lease reports: the narrower cause the agent names, else the verdict."""
+    if lease.verdict not in FAILURE_VERDICTS:
+        return None
+    return lease.cause or lease.verdict
+
+
 def urgent(lease: LeaseView | None, status: TrainingRunStatus) -> bool:
     """Whether the Lease carries a failure verdict the status does not show or has not handled.
 
@@ -68,7 +79,7 @@ def urgent(lease: LeaseView | None, status: TrainingRunStatus) -> bool:
     handled = (
         last is not None
         and last.attempt == status.attempt
-        and last.cause == lease.verdict
+        and last.cause == failure_cause(lease)
         and same_failure(last.since, lease.since)
     )
     return lease.verdict != status.verdict or not handled
