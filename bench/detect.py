@@ -22,6 +22,9 @@ on a fresh namespace and creates one TrainingRun with `monitor.intervalSeconds: 
      The supervisor restarts the trainer in place within seconds, and a restarted trainer
      writes the log again, so a log-age watchdog never fires here at all; its detection
      time is taken from the write the death left behind, on the watchdog's own poll ticks.
+   The step reached at death is the larger of the heartbeat's (written at most once a
+   second) and the log's (a line every 10 steps), so the steps lost are a lower bound; the
+   step resumed from is the restarted process's first heartbeat.
 
 Prints ONE JSON object on stdout; progress goes to stderr. Targets: `detect_p50_s` <= 2 and
 `detect_p99_s` <= 5 with a 1 s interval.
@@ -37,6 +40,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -63,6 +67,7 @@ INTERVAL_S = 1
 BACKOFF_S = 1
 POLL_S = 0.02  # heartbeat file reads (the trainer side has no watch)
 LOG_SAMPLE_S = 0.02
+LOGGED_STEP = re.compile(r"trainguard_harness\.train step (\d+) ")
 STEADY_STEPS = 5  # steps a restarted trainer makes before the next death
 
 
@@ -256,6 +261,12 @@ class LogWrites:
         self.thread.join()
 
 
+def logged_step(path: Path) -> int:
+    """The last step the trainer's log names (a line every `--log-every` steps), else 0."""
+    found = LOGGED_STEP.findall(path.read_text(errors="replace"))
+    return int(found[-1]) if found else 0
+
+
 def largest_gap(writes: list[float], start: float, end: float) -> float:
     """The longest time without a write in [start, end]."""
     inside = [start, *(w for w in writes if start <= w <= end), end]
@@ -378,6 +389,7 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(rng.uniform(0.0, 2.0))  # a random moment relative to the agent's looks
             beat = read_json(heartbeat) or before
             pid = int(beat["pid"])
+            reached = max(int(beat.get("step") or 0), logged_step(pod_dir / "trainer.log"))
             died_wall, died = time.time(), time.monotonic()
             os.kill(pid, signal.SIGKILL)
 
@@ -405,7 +417,7 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
             resumed_at = time.monotonic()
             detects.append(seen_at - died)
             resumes.append(resumed_at - died)
-            lost.append(int(beat["step"]) - saved)
+            lost.append(reached - saved)
             baseline.append(
                 logage_detection(writes.last_before(died_wall), died_wall, threshold,
                                  args.watchdog_poll, normal_start)
@@ -462,6 +474,8 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its JSON report."""
     args = parse_args(argv)
+    # A SIGTERM unwinds like Ctrl-C, so the operator, the watch and an own cluster are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     own = args.cluster is None
     cluster = Cluster(args.cluster or f"bench-{uuid.uuid4().hex[:6]}")
     if own:
