@@ -17,14 +17,22 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_proc import OperatorProcess, apply, events_of, eventually, get_json, pods_of
+from operator_proc import OperatorProcess, apply, events_of, eventually, get_json
+from recovery_helpers import (
+    bound_pod,
+    heartbeat,
+    make_shards,
+    read_json,
+    state_dir,
+    status_of,
+    training_run,
+)
 
 from integration.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
 from trainguard.api.constants import (
@@ -35,7 +43,6 @@ from trainguard.api.constants import (
     TAINT_UNHEALTHY,
 )
 from trainguard.devcluster.cluster import Cluster
-from trainguard.devcluster.nodes import PROCESS_NODE_LABEL
 
 pytest_plugins = ("operator_fixtures", "integration.s3_fixtures")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -49,20 +56,6 @@ EVERY_STEPS = 20
 GHOST_MIB = 1024
 RELEASE_SECONDS = 3
 CAUSE = "GPUMemoryNotReleased"
-TRAINER = ["python", "-m", "trainguard_harness.train", "--preset", "tiny",
-           "--steps", "1000000", "--threads", "1"]  # fmt: skip
-
-
-@pytest.fixture
-def shards(tmp_path: Path) -> Path:
-    """A few synthetic token shards, the data source of the run."""
-    out = tmp_path / "shards"
-    subprocess.run(
-        [sys.executable, "-m", "trainguard_harness.shards", "--out", str(out), "--shards", "2",
-         "--tokens", "100000", "--vocab-size", "256", "--seed", "1"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return out
 
 
 def _secret(seaweedfs: SeaweedFS) -> dict[str, Any]:
@@ -79,33 +72,26 @@ def _secret(seaweedfs: SeaweedFS) -> dict[str, Any]:
 
 
 def _run(shards: Path, bucket: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "trainguard.dev/v1alpha1",
-        "kind": "TrainingRun",
-        "metadata": {"name": RUN},
-        "spec": {
-            "trainer": {"image": "trainguard-trainer:dev", "command": TRAINER},
-            "model": {"parameters": 1000000},
-            "data": {"source": {"uri": f"file://{shards}"}, "size": "10Mi"},
-            "checkpoints": {
-                "everySteps": EVERY_STEPS,
-                "flushTimeoutSeconds": 5,
-                "remote": [
-                    {
-                        "name": LAYER,
-                        "uri": f"s3://{bucket}/{RUN}",
-                        "credentialsSecret": {"name": SECRET},
-                    }
-                ],
-            },
-            "monitor": {
-                "startupGraceSeconds": 5,
-                "ghostMemory": {"releaseTimeoutSeconds": RELEASE_SECONDS},
-            },
-            "recovery": {"backoff": {"initialSeconds": 1, "maxSeconds": 10}},
-            "placement": {"nodeSelector": {PROCESS_NODE_LABEL: "true"}},
+    return training_run(
+        RUN,
+        shards,
+        EVERY_STEPS,
+        checkpoints={
+            "flushTimeoutSeconds": 5,
+            "remote": [
+                {
+                    "name": LAYER,
+                    "uri": f"s3://{bucket}/{RUN}",
+                    "credentialsSecret": {"name": SECRET},
+                }
+            ],
         },
-    }
+        monitor={
+            "startupGraceSeconds": 5,
+            "ghostMemory": {"releaseTimeoutSeconds": RELEASE_SECONDS},
+        },
+        recovery={"backoff": {"initialSeconds": 1, "maxSeconds": 10}},
+    )
 
 
 class PodWatch:
@@ -138,38 +124,10 @@ class PodWatch:
         return set(self.bindings)
 
 
-def _state_dir(cluster: Cluster, namespace: str, pod: dict[str, Any]) -> Path:
-    meta = pod["metadata"]
-    directory = f"{namespace}_{meta['name']}_{meta['uid']}"
-    return (
-        cluster.root
-        / "procnodes"
-        / pod["spec"]["nodeName"]
-        / "pods"
-        / directory
-        / "volumes"
-        / "state"
-    )
-
-
-def _json_file(path: Path) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-    except (OSError, ValueError):
-        return None
-
-
-def _status(cluster: Cluster, namespace: str) -> dict[str, Any]:
-    status: dict[str, Any] = get_json(cluster, "tr", RUN, "-n", namespace).get("status", {})
-    return status
-
-
-def _attempt_pod(cluster: Cluster, namespace: str, attempt: int) -> dict[str, Any] | None:
-    for pod in pods_of(cluster, namespace, RUN):
-        if pod["metadata"]["name"] == f"{RUN}-{attempt}" and pod["spec"].get("nodeName"):
-            return pod
-    return None
+@pytest.fixture
+def shards(tmp_path: Path) -> Path:
+    """A few synthetic token shards, the data source of the run."""
+    return make_shards(tmp_path / "shards")
 
 
 @pytest.mark.parametrize("operator", ["chart-rbac"], indirect=True)
@@ -186,13 +144,15 @@ def test_memory_held_after_a_death_moves_the_run_to_a_fresh_node_restored_from_s
     watch = PodWatch(cluster, namespace)
     try:
         apply(cluster, namespace, _secret(seaweedfs), _run(shards, bucket))
-        first = eventually(lambda: _attempt_pod(cluster, namespace, 1), what="attempt 1 bound")
+        first = eventually(lambda: bound_pod(cluster, namespace, RUN, 1), what="attempt 1 bound")
         node_a = first["spec"]["nodeName"]
-        state_a = _state_dir(cluster, namespace, first)
+        state_a = state_dir(cluster, namespace, first)
 
         # Trained, and a checkpoint verified on the S3 layer, as the run's status says.
         def shipped() -> int | None:
-            layers = {c["layer"]: c for c in _status(cluster, namespace).get("checkpoints", [])}
+            layers = {
+                c["layer"]: c for c in status_of(cluster, namespace, RUN).get("checkpoints", [])
+            }
             s3 = layers.get(LAYER, {})
             return s3.get("step") if s3.get("verified") and s3.get("step") else None
 
@@ -200,12 +160,12 @@ def test_memory_held_after_a_death_moves_the_run_to_a_fresh_node_restored_from_s
         listed = seaweedfs.client().list_objects_v2(Bucket=bucket, Prefix=f"{RUN}/")
         assert any(o["Key"].endswith("MANIFEST.json") for o in listed.get("Contents", []))
         eventually(
-            lambda: _status(cluster, namespace).get("verdict") == "Healthy",
+            lambda: status_of(cluster, namespace, RUN).get("verdict") == "Healthy",
             what="Healthy verdict in the status",
         )
 
         # Node A's GPU keeps memory no process accounts for, and the trainer dies.
-        before = eventually(lambda: _json_file(state_a / "heartbeat.json"), what="heartbeat")
+        before = eventually(lambda: heartbeat(state_a), what="heartbeat")
         sim = cluster.root / "procnodes" / node_a / "gpu-sim.json"
         sim.write_text(json.dumps({"ghost_mib": GHOST_MIB}))
         os.kill(int(before["pid"]), signal.SIGKILL)
@@ -220,7 +180,7 @@ def test_memory_held_after_a_death_moves_the_run_to_a_fresh_node_restored_from_s
         cause = eventually(tainted, timeout=60, what=f"{node_a} tainted {TAINT_UNHEALTHY}")
         tainted_s = time.monotonic() - killed_at
         assert cause == CAUSE, cause
-        status = _status(cluster, namespace)
+        status = status_of(cluster, namespace, RUN)
         excluded = {e["node"]: e["reason"] for e in status.get("excludedNodes", [])}
         assert excluded == {node_a: cause}
         failure = status["lastFailure"]
@@ -230,25 +190,25 @@ def test_memory_held_after_a_death_moves_the_run_to_a_fresh_node_restored_from_s
 
         # Attempt 2 on the other node, with nothing of A's disk: restored from S3.
         second = eventually(
-            lambda: _attempt_pod(cluster, namespace, 2), timeout=90, what="attempt 2 bound"
+            lambda: bound_pod(cluster, namespace, RUN, 2), timeout=90, what="attempt 2 bound"
         )
         node_b = second["spec"]["nodeName"]
         assert node_b != node_a
-        state_b = _state_dir(cluster, namespace, second)
+        state_b = state_dir(cluster, namespace, second)
         restored = eventually(
-            lambda: _json_file(state_b / "restore.json"), timeout=90, what="attempt 2 restored"
+            lambda: read_json(state_b / "restore.json"), timeout=90, what="attempt 2 restored"
         )
         assert restored["from_layer"] == LAYER, restored
         assert restored["step"] >= shipped_step, (restored, shipped_step)
 
         def trained_on() -> dict[str, Any] | None:
-            beat = _json_file(state_b / "heartbeat.json")
+            beat = heartbeat(state_b)
             return beat if beat and (beat.get("step") or 0) > restored["step"] else None
 
         eventually(trained_on, timeout=120, what="training on B past the restored step")
         eventually(
             lambda: (
-                (s := _status(cluster, namespace)).get("node") == node_b
+                (s := status_of(cluster, namespace, RUN)).get("node") == node_b
                 and s.get("attempt") == 2
                 and (s.get("step") or 0) > restored["step"]
             ),
@@ -271,7 +231,11 @@ def test_memory_held_after_a_death_moves_the_run_to_a_fresh_node_restored_from_s
         assert not [m for m in trainer["volumeMounts"] if m["name"].startswith("credentials-")]
         assert not [e for e in trainer["env"] if "SECRETS" in e["name"]]
         logs = [p.read_text() for d in (state_a, state_b) for p in d.parents[1].glob("*.log")]
-        said = [json.dumps(_status(cluster, namespace)), *(e["message"] for e in events), *logs]
+        said = [
+            json.dumps(status_of(cluster, namespace, RUN)),
+            *(e["message"] for e in events),
+            *logs,
+        ]
         assert len(logs) >= 8, logs  # agent, preflight, stage-data, restore, trainer per pod
         assert not [t for t in said if S3_SECRET_KEY in t or S3_ACCESS_KEY in t]
     finally:
