@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -169,10 +170,8 @@ class Demo:
             "--timeout=60s", timeout=90, check=False,
         )  # fmt: skip
         self._wait(lambda: not self._obs().pods(), 60.0, "pods of an earlier demo run to go")
-        remote = self.workdir / "remote"
-        for stale in remote.rglob("*") if remote.exists() else []:
-            if stale.is_file():
-                stale.unlink()
+        # The remote layer starts empty: the ghost recovery must restore what this run shipped.
+        shutil.rmtree(self.workdir / "remote", ignore_errors=True)
         nodes = [process_node_name(i) for i in range(PROCESS_NODES)]
         for node in nodes:
             control = self.cluster.root / "procnodes" / node
@@ -224,8 +223,22 @@ class Demo:
             time.sleep(POLL_SECONDS)
 
     def watch(self, check: Callable[[Snapshot], T | None], timeout: float, what: str) -> T:
-        """Poll snapshots until `check` returns something; DemoError after `timeout`."""
-        return self._wait(lambda: check(self.snapshot()), timeout, what)
+        """Poll snapshots until `check` returns something; DemoError after `timeout`.
+
+        The error says where the run stands then: its phase and its last failure.
+        """
+        try:
+            return self._wait(lambda: check(self.snapshot()), timeout, what)
+        except DemoError as err:
+            status = self._obs().status()
+            failure = status.get("lastFailure") or {}
+            where = f"the run is {status.get('phase') or 'without a status'}"
+            if failure:
+                where += (
+                    f", its last failure {failure.get('cause')} on {failure.get('node')}: "
+                    f"{evidence_reason(failure)}"
+                )
+            raise DemoError(f"{err}; {where}") from None
 
     def _trainer_alive(self, snap: Snapshot) -> bool:
         if snap.beat is None or snap.beat.get("pid") is None:
@@ -571,6 +584,8 @@ def main(argv: list[str]) -> int:
         display.text(f"\ntrainguard demo: {err}")
         if demo.operator is not None:
             display.text(f"operator log: {demo.operator.log_path}")
+        for pod in demo.observer.pods() if demo.observer is not None else []:
+            display.text(f"pod {pod.name} on {pod.node}: logs in {pod.directory}")
         demo.abandon()
     finally:
         demo.stop_operator()

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 TRAINGUARD = Path(sys.executable).parent / "trainguard"
 DEMO_TIMEOUT_SECONDS = 900
+LOG_TAIL_CHARS = 4000
 # The demo's run: examples/demo.yaml, in the demo's namespace.
 RUN, NAMESPACE = "demo", "trainguard-demo"
 GHOST_CAUSES = {"GhostMemory", "GPUMemoryNotReleased"}
@@ -34,13 +35,27 @@ GHOST_DETECT_BOUND_S = 30.0 + 15.0
 
 
 @pytest.fixture
-def demo_cluster() -> Any:
-    """A unique cluster name for the demo; the cluster is torn down afterwards."""
+def demo_cluster(request: pytest.FixtureRequest) -> Any:
+    """A unique cluster name for the demo; torn down afterwards, its logs printed on failure."""
     name = f"demo-test-{uuid.uuid4().hex[:6]}"
+    failed_before = request.session.testsfailed
     try:
         yield name
     finally:
+        if request.session.testsfailed > failed_before:
+            print(_logs(Cluster(name).root))
         Cluster(name).down(purge=True)
+
+
+def _logs(root: Path) -> str:
+    """The operator's log and each pod's container logs, their tails."""
+    paths = [root / "demo" / "operator.log", *sorted(root.glob("procnodes/*/pods/*/*.log"))]
+    parts = []
+    for path in paths:
+        if path.exists():
+            text = path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+            parts.append(f"----- {path} -----\n{text}")
+    return "\n".join(parts)
 
 
 def _demo(name: str) -> tuple[dict[str, Any], str]:
