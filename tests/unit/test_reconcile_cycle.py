@@ -193,7 +193,7 @@ def test_the_lease_signals_reach_the_status_and_stay_without_a_lease() -> None:
 
 
 def test_a_ghost_memory_verdict_taints_excludes_and_moves_to_the_next_attempt() -> None:
-    api = api_with_run()
+    api = api_with_run(recovery={"backoff": {"initialSeconds": 0}})
     api.objects["/api/v1/nodes/gpu-a"] = {"metadata": {"name": "gpu-a", "resourceVersion": "1"}}
     cycle(api)
     api.objects[f"/api/v1/namespaces/{NAMESPACE}/pods/llm-1"]["spec"]["nodeName"] = "gpu-a"
@@ -209,3 +209,22 @@ def test_a_ghost_memory_verdict_taints_excludes_and_moves_to_the_next_attempt() 
         {"key": "trainguard.dev/unhealthy", "value": "GhostMemory", "effect": "NoSchedule"}
     ]
     assert "GhostMemory" in [e["reason"] for e in api.events]
+
+
+def test_the_next_attempt_waits_for_the_restart_back_off_and_books_a_cycle() -> None:
+    api = api_with_run(recovery={"backoff": {"initialSeconds": 30, "maxSeconds": 60}})
+    api.objects["/api/v1/nodes/gpu-a"] = {"metadata": {"name": "gpu-a", "resourceVersion": "1"}}
+    cycle(api)
+    api.objects[f"/api/v1/namespaces/{NAMESPACE}/pods/llm-1"]["spec"]["nodeName"] = "gpu-a"
+    sick = LeaseView(Verdict.GHOST_MEMORY, 120, 100, '{"reason":"held"}', holder="llm-1")
+    outcomes = [
+        reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, False, lease=sick)  # type: ignore[arg-type]
+        for _ in range(3)
+    ]
+    # The old pod is gone, the next one held back: the first restart waits 30 s.
+    assert api.pods() == []
+    status = api.run()["status"]
+    assert status["attempt"] == 1 and status["restarts"] == 1
+    messages = [c["message"] for c in status["conditions"]]
+    assert any("restart back-off: attempt 2 not before" in m for m in messages), messages
+    assert outcomes[-1].retry_after is not None and 25 < outcomes[-1].retry_after <= 30
