@@ -1,0 +1,125 @@
+"""The demo's pieces that need no cluster: its run, the chart's RBAC it applies, its output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from trainguard import demo_env
+from trainguard.api import TrainingRun
+from trainguard.demo import evidence_reason, summary_table
+from trainguard.demo_watch import Checkpoints, progress_line
+from trainguard.devcluster.cluster import default_home, ensure_binaries
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_checked_in_demo_run_is_valid_and_says_what_the_demo_changes() -> None:
+    text = (REPO / "examples" / "demo.yaml").read_text()
+    run = TrainingRun.model_validate(yaml.safe_load(text))
+    assert run.spec.data is not None and str(run.spec.data.source.uri).startswith("file://")
+    (layer,) = run.spec.checkpoints.remote
+    assert layer.uri.startswith("file://")
+    assert "trainguard demo` writes its own paths" in text
+
+
+def test_the_demo_run_gets_the_demos_paths_and_stays_valid(tmp_path: Path) -> None:
+    shards, remote = tmp_path / "shards", tmp_path / "remote"
+    manifest = demo_env.demo_run(REPO, "demo-x", shards, remote)
+    run = TrainingRun.model_validate(manifest)
+    assert run.metadata.name == "demo-x"
+    assert run.spec.data is not None and str(run.spec.data.source.uri) == f"file://{shards}"
+    assert run.spec.checkpoints.remote[0].uri == f"file://{remote}"
+
+
+def test_the_operator_identity_is_the_charts_rbac_for_the_demo_namespace() -> None:
+    helm = ensure_binaries(default_home()) / "helm"
+    objects = demo_env.chart_rbac(REPO, helm, "ns-watched")
+    kinds = sorted({o["kind"] for o in objects})
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "RoleBinding", "ServiceAccount"]
+    (account,) = [o for o in objects if o["kind"] == "ServiceAccount"]
+    assert account["metadata"]["namespace"] == demo_env.OPERATOR_NAMESPACE
+    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    # Run permissions only in the watched namespace, for the chart's ServiceAccount.
+    assert [b["metadata"]["namespace"] for b in bindings] == ["ns-watched"]
+    assert bindings[0]["subjects"][0]["name"] == account["metadata"]["name"]
+
+
+def test_progress_line_reads_the_heartbeat_and_the_layers() -> None:
+    status = {
+        "node": "proc-node-0",
+        "attempt": 1,
+        "verdict": "Healthy",
+        "checkpoints": [
+            {"layer": "backup", "step": 40, "verified": True, "shipping": {"state": "Uploading"}}
+        ],
+    }
+    beat = {"step": 57, "tokens_per_s": 12345.6, "last_checkpoint_step": 40}
+    line = progress_line(status, beat)
+    assert line == (
+        "step 57 | 12,346 tokens/s | checkpoints l1@40 backup@40 (verified, uploading) | "
+        "node proc-node-0 | attempt 1 | Healthy"
+    )
+    assert progress_line({}, None).startswith("step - | - tokens/s | checkpoints none yet")
+
+
+def test_checkpoints_counts_each_verified_step_once_per_layer() -> None:
+    seen = Checkpoints()
+    verified = {"checkpoints": [{"layer": "backup", "step": 20, "verified": True}]}
+    seen.observe(verified, {"last_checkpoint_step": 20})
+    seen.observe(verified, {"last_checkpoint_step": 40})
+    seen.observe({"checkpoints": [{"layer": "backup", "step": 40, "verified": False}]})
+    assert seen.counts() == {"backup": 1, "l1": 2}
+
+
+def test_evidence_reason_is_the_sentence_of_the_evidence() -> None:
+    failure = {"message": json.dumps({"reason": "trainer process absent", "alive": "false"})}
+    assert evidence_reason(failure) == "trainer process absent"
+    assert evidence_reason({"message": "node gone"}) == "node gone"
+
+
+def _recovery(**fields: Any) -> dict[str, Any]:
+    base = {
+        "scenario": "silent-death", "cause": "Dead", "detect_s": 0.7, "resume_s": 31.4,
+        "steps_lost": 14, "from_layer": "l1", "node_before": "n0", "node_after": "n0",
+    }  # fmt: skip
+    return {**base, **fields}
+
+
+def test_summary_table_shows_each_recovery_and_the_totals() -> None:
+    summary = {
+        "checkpoint_every_steps": 20,
+        "recoveries": [
+            _recovery(),
+            _recovery(
+                scenario="ghost-memory",
+                cause="GhostMemory",
+                node_after="n1",
+                from_layer="backup",
+                detect_s=30.8,
+                resume_s=82.7,
+                steps_lost=7,
+            ),
+        ],
+        "totals": {
+            "checkpoints_verified": {"backup": 5, "l1": 6},
+            "final_step": 120,
+            "restarts": 3,
+            "excluded_nodes": ["n0"],
+            "wall_s": 164.7,
+        },
+    }
+    lines = summary_table(summary).splitlines()
+    assert lines[0].split() == ["#", "failure", "cause", "detected", "resumed", "steps", "lost",
+                                "from", "node"]  # fmt: skip
+    assert lines[2].split() == ["1", "silent-death", "Dead", "0.7", "s", "31.4", "s", "14",
+                                "(<=", "20)", "l1", "n0", "(in", "place)"]  # fmt: skip
+    assert lines[3].split()[-3:] == ["n0", "->", "n1"]
+    assert "verified checkpoints seen per layer: backup 5, l1 6" in lines
+    assert lines[-1].startswith("final step 120, restarts 3, excluded nodes: n0")
