@@ -24,7 +24,7 @@ on a fresh namespace and creates one TrainingRun with `monitor.intervalSeconds: 
      time is taken from the write the death left behind, on the watchdog's own poll ticks.
    The step reached at death is the larger of the heartbeat's (written at most once a
    second) and the log's (a line every 10 steps), so the steps lost are a lower bound; the
-   step resumed from is the restarted process's first heartbeat.
+   step resumed from is the checkpoint the restarted process logs.
 
 Prints ONE JSON object on stdout; progress goes to stderr. Targets: `detect_p50_s` <= 2 and
 `detect_p99_s` <= 5 with a 1 s interval.
@@ -68,6 +68,7 @@ BACKOFF_S = 1
 POLL_S = 0.02  # heartbeat file reads (the trainer side has no watch)
 LOG_SAMPLE_S = 0.02
 LOGGED_STEP = re.compile(r"trainguard_harness\.train step (\d+) ")
+RESUMED_FROM = re.compile(r"resumed from \S*step-(\d+)")
 STEADY_STEPS = 5  # steps a restarted trainer makes before the next death
 
 
@@ -373,9 +374,10 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         false_alarms = watchdog_alarms(
             writes.writes, threshold, args.watchdog_poll, normal_start, normal_end
         )
-        saves = (end_beat.get("last_checkpoint_step") or 0) - (
-            start_beat.get("last_checkpoint_step") or 0
-        )
+        saves = (
+            (end_beat.get("last_checkpoint_step") or 0)
+            - (start_beat.get("last_checkpoint_step") or 0)
+        ) // EVERY_STEPS
         log(f"largest log gap {gap:.2f} s -> T = {threshold:.0f} s; {len(false_alarms)} alarms")
         if false_alarms:
             raise RuntimeError(f"the watchdog with T={threshold} alarmed on a normal run")
@@ -398,19 +400,21 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
 
             seen_at, _ = watch.wait(dead, died, deadline, f"death {number}: Dead in the status")
 
-            def restored(old: int = pid) -> dict[str, Any] | None:
-                # The restarted process's first heartbeat with a step: the one it resumed from.
-                now_beat = read_json(heartbeat)
-                fresh = now_beat and now_beat["pid"] != old and now_beat.get("step") is not None
-                return now_beat if fresh else None
+            log_size = (pod_dir / "trainer.log").stat().st_size
 
-            start = wait_for(restored, deadline, f"death {number}: the restart")
-            saved = int(start.get("step") or 0)
+            def restored(size: int = log_size) -> int | None:
+                # The restarted process logs the checkpoint it resumed from.
+                with (pod_dir / "trainer.log").open("rb") as handle:
+                    handle.seek(size)
+                    found = RESUMED_FROM.findall(handle.read().decode(errors="replace"))
+                return int(found[-1]) if found else None
 
-            def resumed(new: int = int(start["pid"]), saved: int = saved) -> dict[str, Any] | None:
+            saved = wait_for(restored, deadline, f"death {number}: the restore")
+
+            def resumed(old: int = pid, saved: int = saved) -> dict[str, Any] | None:
                 # A step of the restarted process past the checkpoint it resumed from.
                 now_beat = read_json(heartbeat)
-                fresh = now_beat and now_beat["pid"] == new and (now_beat.get("step") or 0) > saved
+                fresh = now_beat and now_beat["pid"] != old and (now_beat.get("step") or 0) > saved
                 return now_beat if fresh else None
 
             first = wait_for(resumed, deadline, f"death {number}: the next step")
@@ -448,7 +452,7 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
             "baseline_logage_threshold_s": threshold,
             "baseline_largest_normal_gap_s": round(gap, 3),
             "baseline_normal_seconds": args.normal_seconds,
-            "baseline_normal_checkpoint_steps": saves,
+            "baseline_normal_checkpoint_saves": saves,
             "baseline_watchdog_poll_s": args.watchdog_poll,
             "monitor_interval_s": INTERVAL_S,
             "restart_backoff_s": BACKOFF_S,
