@@ -7,7 +7,11 @@ from pathlib import Path
 import pytest
 
 from trainguard.api import env
-from trainguard.build.constants import LAYER_PATH_ENV_PREFIX, OperatorReason
+from trainguard.build.constants import (
+    LAYER_PATH_ENV_PREFIX,
+    LAYER_SECRETS_ENV_PREFIX,
+    OperatorReason,
+)
 from trainguard.operator_main import _parser
 from trainguard.policies.placement import (
     DEFAULT_NETWORK_CSI_DRIVERS,
@@ -31,6 +35,7 @@ def test_env_contract_documents_every_variable() -> None:
     missing = {v for v in variables if f"`{v}`" not in ENV_CONTRACT}
     assert not missing
     assert f"`{LAYER_PATH_ENV_PREFIX}<NAME>`" in ENV_CONTRACT
+    assert f"`{LAYER_SECRETS_ENV_PREFIX}<NAME>`" in ENV_CONTRACT
 
 
 @pytest.mark.parametrize(
