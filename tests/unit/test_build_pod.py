@@ -416,11 +416,8 @@ def test_excluded_nodes_are_kept_away_by_name() -> None:
                 "nodeSelectorTerms": [
                     {
                         "matchFields": [
-                            {
-                                "key": "metadata.name",
-                                "operator": "NotIn",
-                                "values": ["gpu-a", "gpu-b"],
-                            }
+                            {"key": "metadata.name", "operator": "NotIn", "values": ["gpu-a"]},
+                            {"key": "metadata.name", "operator": "NotIn", "values": ["gpu-b"]},
                         ]
                     }
                 ]

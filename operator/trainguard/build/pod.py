@@ -455,13 +455,16 @@ def _volumes(spec: TrainingRunSpec, sizes: DiskSizes) -> list[dict[str, Any]]:
 
 
 def _excluding(nodes: tuple[str, ...]) -> dict[str, Any]:
+    # The apiserver allows exactly one value in a `matchFields` requirement: one NotIn per
+    # node, which the scheduler ANDs within the term.
     return {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [
                     {
                         "matchFields": [
-                            {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": sorted(nodes)}
+                            {"key": NODE_NAME_FIELD, "operator": "NotIn", "values": [node]}
+                            for node in sorted(nodes)
                         ]
                     }
                 ]

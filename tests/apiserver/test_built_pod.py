@@ -1,0 +1,68 @@
+"""The pods the operator builds are accepted by the real apiserver (server-side dry run).
+
+Unit tables check the builder field by field; only the apiserver knows all of its own
+validation rules (e.g. a `matchFields` requirement takes exactly one value).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from trainguard.api import TrainingRun
+from trainguard.build.pod import PodInputs, training_pod
+from trainguard.devcluster.cluster import Cluster
+
+pytestmark = [pytest.mark.apiserver, pytest.mark.timeout(120)]
+
+SPEC = {
+    "trainer": {"image": "trainer:1", "command": ["python", "train.py"]},
+    "model": {"parameters": 1_000_000_000},
+    "checkpoints": {
+        "remote": [
+            {"name": "s3", "uri": "s3://ckpts/llm", "credentialsSecret": {"name": "s3-creds"}}
+        ]
+    },
+}
+
+
+@pytest.mark.parametrize("excluded", [(), ("gpu-a",), ("gpu-a", "gpu-b", "gpu-c")])
+def test_a_built_pod_passes_the_apiservers_validation(
+    cluster: Cluster, excluded: tuple[str, ...]
+) -> None:
+    namespace = f"t-{uuid.uuid4().hex[:8]}"
+    run = TrainingRun.model_validate(
+        {
+            "apiVersion": "trainguard.dev/v1alpha1",
+            "kind": "TrainingRun",
+            "metadata": {"name": "llm", "namespace": namespace, "uid": str(uuid.uuid4())},
+            "spec": SPEC,
+        }
+    )
+    manifest = training_pod(
+        run, PodInputs(3, agent_image="trainguard:test", excluded_nodes=excluded)
+    )
+    cluster.kubectl("create", "namespace", namespace)
+    try:
+        # The ServiceAccount the operator creates beside the pod (admission looks it up).
+        account = manifest["spec"]["serviceAccountName"]
+        cluster.kubectl("create", "serviceaccount", account, "-n", namespace)
+        result = cluster.kubectl(
+            "create", "--dry-run=server", "-o", "json", "-f", "-",
+            input=json.dumps(manifest), check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        accepted = json.loads(result.stdout)
+        terms = accepted["spec"].get("affinity", {}).get("nodeAffinity", {})
+        required = terms.get("requiredDuringSchedulingIgnoredDuringExecution", {})
+        fields = [
+            value
+            for term in required.get("nodeSelectorTerms", [])
+            for requirement in term.get("matchFields", [])
+            for value in requirement["values"]
+        ]
+        assert sorted(fields) == sorted(excluded)
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
