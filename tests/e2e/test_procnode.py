@@ -209,3 +209,24 @@ def test_termination_messages_as_a_kubelet_reports_them(cluster: Cluster, namesp
     fallback = _terminated(cluster, namespace, "fallback")
     assert fallback["exitCode"] == 4 and fallback["message"].endswith("first\nlast words")
     assert "message" not in _terminated(cluster, namespace, "no-fallback")
+
+
+def test_a_secret_volume_holds_its_keys_with_the_volumes_mode(
+    cluster: Cluster, namespace: str
+) -> None:
+    cluster.kubectl(
+        "-n", namespace, "create", "secret", "generic", "keys", "--from-literal=token=s3cr3t"
+    )
+    # Mount paths are rewritten at the start of env values: the script reaches it via $KEYS.
+    log = "$TRAINGUARD_TERMINATION_LOG"
+    script = f'stat -c %a "$KEYS/token" > "{log}"; cat "$KEYS/token" >> "{log}"'
+    manifest = _one_shot("secret-reader", process_node_name(0), script)
+    manifest["spec"]["volumes"] = [
+        {"name": "keys", "secret": {"secretName": "keys", "defaultMode": 0o400}}
+    ]
+    main = manifest["spec"]["containers"][0]
+    main["volumeMounts"] = [{"name": "keys", "mountPath": "/keys"}]
+    main["env"] = [{"name": "KEYS", "value": "/keys"}]
+    cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(manifest))
+    terminated = _terminated(cluster, namespace, "secret-reader")
+    assert terminated["message"].split() == ["400", "s3cr3t"]

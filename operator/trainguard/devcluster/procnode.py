@@ -75,6 +75,7 @@ HEARTBEAT_SECONDS = 5.0
 LEASE_SECONDS = 20
 POLL_SECONDS = 0.3
 MAX_GRACE_SECONDS = 5.0
+DEFAULT_KEY_MODE = 0o644
 MAX_BACKOFF_SECONDS = 8.0
 SA_TOKEN_SECONDS = 3600
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -367,9 +368,13 @@ class NodeRuntime:
                 )
             path.mkdir(parents=True, exist_ok=True)
             if "secret" in volume:
-                self._write_keys(path, "secrets", namespace, volume["secret"]["secretName"])
+                source = volume["secret"]
+                mode = int(source.get("defaultMode", DEFAULT_KEY_MODE))
+                self._write_keys(path, "secrets", namespace, source["secretName"], mode)
             elif "configMap" in volume:
-                self._write_keys(path, "configmaps", namespace, volume["configMap"]["name"])
+                source = volume["configMap"]
+                mode = int(source.get("defaultMode", DEFAULT_KEY_MODE))
+                self._write_keys(path, "configmaps", namespace, source["name"], mode)
             result[name] = path
         return result
 
@@ -383,11 +388,14 @@ class NodeRuntime:
             return self.node_dir(node) / "local-volumes" / pv_name
         return self.root.parent / "network-volumes" / pv_name
 
-    def _write_keys(self, path: Path, kind: str, namespace: str, name: str) -> None:
+    def _write_keys(self, path: Path, kind: str, namespace: str, name: str, mode: int) -> None:
+        # As a kubelet does: one file per key, with the volume's defaultMode (0644 if unset).
         obj = self.rest.get(f"/api/v1/namespaces/{namespace}/{kind}/{name}")
         for key, value in obj.get("data", {}).items():
             content = base64.b64decode(value) if kind == "secrets" else str(value).encode()
-            (path / key).write_bytes(content)
+            target = path / key
+            target.write_bytes(content)
+            target.chmod(mode)
 
     def _base_env(self, node: str, obj: dict[str, Any], directory: Path) -> dict[str, str]:
         env = {
