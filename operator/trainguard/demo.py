@@ -57,6 +57,7 @@ NODE_ENV = {MIN_WRITE_ENV: "5", MIN_READ_ENV: "5"}
 GHOST_MIB = 8192
 GHOST_CAUSES = (Verdict.GHOST_MEMORY.value, Reason.GPU_MEMORY_NOT_RELEASED.value)
 POLL_SECONDS = 0.5
+HEARTBEAT_WAIT_S = 3.0  # a little over the heartbeat's write interval
 # Generous for a loaded machine; each names the step it bounds when it runs out.
 TRAINING_TIMEOUT = 300.0
 DETECT_TIMEOUT = 60.0
@@ -282,7 +283,7 @@ class Demo:
         say(f"training on {pod.node} (pod {pod.name}); two checkpoints saved, verdict Healthy")
         previous = snap.status.get("lastFailure")
         starts = len(pod.start_steps())
-        before = pod.heartbeat() or {}
+        before = _just_written(pod)
         pid, step = int(before["pid"]), int(before["step"])
         say(f"1. silent death: SIGKILL the trainer (pid {pid}) at step {step}")
         killed = time.monotonic()
@@ -307,6 +308,9 @@ class Demo:
         resume_s = time.monotonic() - killed
         assert after.pod is not None and after.beat is not None
         resumed_step = after.pod.start_steps()[-1]
+        # Killed right after a heartbeat write, the trainer was at `step` to within a step; a
+        # checkpoint committed in that moment is the step it had reached at least.
+        step = max(step, resumed_step)
         say(
             f"   resumed in place in {resume_s:.1f} s: same pod on {after.pod.node}, new trainer "
             f"(pid {after.beat['pid']}) from the L1 checkpoint of step {resumed_step}, "
@@ -359,7 +363,7 @@ class Demo:
         )
         previous = snap.status.get("lastFailure")
         attempt = int(snap.status.get("attempt") or 1)
-        beat = pod.heartbeat() or snap.beat
+        beat = _just_written(pod) or snap.beat
         pid, highest = int(beat["pid"]), int(beat["step"])
         control = self.cluster.root / "procnodes" / node / "gpu-sim.json"
         control.write_text(json.dumps({"ghost_mib": GHOST_MIB}))
@@ -535,6 +539,22 @@ def summary_table(summary: dict[str, Any]) -> str:
         f"{', '.join(totals['excluded_nodes']) or 'none'}; demo took {totals['wall_s']} s"
     )
     return "\n".join(lines)
+
+
+def _just_written(pod: PodView) -> dict[str, Any]:
+    """The pod's heartbeat right after its next write (it is written about once a second).
+
+    Killing the trainer then, the step at its death is known to within a step: the step count
+    of a stale heartbeat would understate it by up to a second of training.
+    """
+    first = pod.heartbeat()
+    deadline = time.monotonic() + HEARTBEAT_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+        beat = pod.heartbeat()
+        if beat and beat != first:
+            return beat
+    return first or {}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

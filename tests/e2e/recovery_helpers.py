@@ -46,6 +46,8 @@ def training_run(name: str, shards: Path, every_steps: int, **spec: Any) -> dict
                 "1000000",
                 "--threads",
                 "1",
+                "--min-step-seconds",
+                "0.1",
             ],
         },
         "model": {"parameters": 1000000},

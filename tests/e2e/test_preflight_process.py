@@ -88,6 +88,8 @@ def _run(name: str, shards: Path) -> dict[str, Any]:
                     "1000000",
                     "--threads",
                     "1",
+                    "--min-step-seconds",
+                    "0.1",
                 ],
             },
             "model": {"parameters": 1000000},
@@ -311,4 +313,6 @@ def test_a_node_failing_preflight_is_excluded_and_the_run_trains_elsewhere(
     assert (
         lines[0].startswith("Warning") and f"evidence: {failure} (attempt 1 on {sick})" in lines[0]
     )
-    assert [events.index(line) for line in lines] == sorted(events.index(line) for line in lines)
+    # Events within the same second may be listed either way: only causal order is asserted.
+    at = [events.index(line) for line in lines]  # PreflightFailed, Passed, StagingData, Staged
+    assert at[0] < min(at[1:]) and max(at[1], at[2]) < at[3], events

@@ -61,6 +61,8 @@ def _run(name: str, shards: Path) -> dict[str, Any]:
                     "1000000",
                     "--threads",
                     "1",
+                    "--min-step-seconds",
+                    "0.1",
                 ],
             },
             "model": {"parameters": 1000000},

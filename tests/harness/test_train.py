@@ -123,3 +123,21 @@ def test_sigterm_saves_the_current_step_and_exits_143(data_dir: Path, tmp_path: 
     last_step = losses(loss_log)[-1][0]
     newest = scan(tmp_path / "l1").newest_valid
     assert newest is not None and newest.step == last_step
+
+
+def test_a_step_time_floor_paces_training(data_dir: Path, tmp_path: Path) -> None:
+    steps, floor = 12, 0.15
+    log = tmp_path / "loss.jsonl"
+    started = time.monotonic()
+    subprocess.run(
+        trainer_command(
+            data_dir, "--steps", str(steps), "--ckpt-every-steps", "4",
+            "--min-step-seconds", str(floor), "--loss-log", str(log),
+        ),
+        env=trainer_env(tmp_path),
+        check=True,
+        timeout=90,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert [step for step, _ in losses(log)] == list(range(1, steps + 1))
+    assert elapsed >= steps * floor, elapsed

@@ -7,6 +7,12 @@ resumes from the newest valid L1 checkpoint automatically, checkpoints every N s
 seconds, logs tokens/s, writes the heartbeat, and on SIGTERM saves and exits with 143. With
 `--loss-log FILE` it appends one JSON line per step (`{"step": s, "loss": l}`), which is how the
 tests compare a resumed run with an uninterrupted one.
+
+`--min-step-seconds S` makes every step last at least S seconds (the loop waits out the rest).
+On a CPU the tiny model steps in milliseconds, far faster than any accelerator step, so a
+background save would span several steps; with a floor such as 0.1 s the ratio of save time to
+step time is a real run's, which the end-to-end tests and the demo rely on (a save in flight
+then loses at most the one step it overlaps, and steps lost stay within the interval).
 """
 
 from __future__ import annotations
@@ -53,6 +59,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     train.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     train.add_argument("--log-every", type=int, default=10, help="steps between log lines")
     train.add_argument("--loss-log", type=Path, help="append {step, loss} JSON lines here")
+    train.add_argument(
+        "--min-step-seconds",
+        type=float,
+        default=0.0,
+        help="a floor on each step's time, standing in for an accelerator's step (default: none)",
+    )
     paths = parser.add_argument_group("harness (default: TRAINGUARD_* environment)")
     paths.add_argument("--data-dir", type=Path)
     paths.add_argument("--l1-dir", type=Path)
@@ -130,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while step < args.steps and not session.stop_requested:
             step += 1
+            step_started = time.perf_counter()
             inputs, targets = (t.to(device, non_blocking=True) for t in data.next_batch())
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_cuda):
                 loss = model(inputs, targets)
@@ -142,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             if loss_log is not None:
                 loss_log.write(json.dumps({"step": step, "loss": loss_value}) + "\n")
                 loss_log.flush()
+            rest = args.min_step_seconds - (time.perf_counter() - step_started)
+            if rest > 0:
+                time.sleep(rest)
             session.end_step(step, loss=loss_value, tokens=tokens_per_step)
             window_steps += 1
             if step % args.log_every == 0:
