@@ -40,11 +40,11 @@ from operator_proc import (
     get_json,
     pods_of,
 )
+from recovery_helpers import training_run
 
 from trainguard.agent import preflight, staging
 from trainguard.api.constants import TAINT_UNHEALTHY
 from trainguard.devcluster.cluster import Cluster
-from trainguard.devcluster.nodes import PROCESS_NODE_LABEL
 from trainguard.devcluster.procnode import ENV_FILENAME, GPU_SIM_FILENAME
 
 pytest_plugins = ("operator_fixtures",)
@@ -71,34 +71,7 @@ def shards(tmp_path: Path) -> Path:
 
 
 def _run(name: str, shards: Path) -> dict[str, Any]:
-    return {
-        "apiVersion": "trainguard.dev/v1alpha1",
-        "kind": "TrainingRun",
-        "metadata": {"name": name},
-        "spec": {
-            "trainer": {
-                "image": "trainguard-trainer:dev",
-                "command": [
-                    "python",
-                    "-m",
-                    "trainguard_harness.train",
-                    "--preset",
-                    "tiny",
-                    "--steps",
-                    "1000000",
-                    "--threads",
-                    "1",
-                    "--min-step-seconds",
-                    "0.1",
-                ],
-            },
-            "model": {"parameters": 1000000},
-            "data": {"source": {"uri": f"file://{shards}"}, "size": "10Mi"},
-            "checkpoints": {"everySteps": 20},
-            "monitor": {"startupGraceSeconds": 5},
-            "placement": {"nodeSelector": {PROCESS_NODE_LABEL: "true"}},
-        },
-    }
+    return training_run(name, shards, 20, monitor={"startupGraceSeconds": 5})
 
 
 def _node_dir(cluster: Cluster, node: str) -> Path:

@@ -13,17 +13,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from operator_proc import OperatorProcess, apply, events_of, eventually, get_json, pods_of
+from recovery_helpers import make_shards, training_run
 
 from trainguard.devcluster.cluster import Cluster
-from trainguard.devcluster.nodes import PROCESS_NODE_LABEL
 
 pytest_plugins = ("operator_fixtures",)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -34,44 +32,11 @@ EVERY_STEPS = 20
 @pytest.fixture
 def shards(tmp_path: Path) -> Path:
     """A few synthetic token shards, the data source of the run."""
-    out = tmp_path / "shards"
-    subprocess.run(
-        [sys.executable, "-m", "trainguard_harness.shards", "--out", str(out), "--shards", "2",
-         "--tokens", "100000", "--vocab-size", "256", "--seed", "1"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return out
+    return make_shards(tmp_path / "shards")
 
 
 def _run(name: str, shards: Path) -> dict[str, Any]:
-    return {
-        "apiVersion": "trainguard.dev/v1alpha1",
-        "kind": "TrainingRun",
-        "metadata": {"name": name},
-        "spec": {
-            "trainer": {
-                "image": "trainguard-trainer:dev",
-                "command": [
-                    "python",
-                    "-m",
-                    "trainguard_harness.train",
-                    "--preset",
-                    "tiny",
-                    "--steps",
-                    "1000000",
-                    "--threads",
-                    "1",
-                    "--min-step-seconds",
-                    "0.1",
-                ],
-            },
-            "model": {"parameters": 1000000},
-            "data": {"source": {"uri": f"file://{shards}"}, "size": "10Mi"},
-            "checkpoints": {"everySteps": EVERY_STEPS},
-            "monitor": {"startupGraceSeconds": 5},
-            "placement": {"nodeSelector": {PROCESS_NODE_LABEL: "true"}},
-        },
-    }
+    return training_run(name, shards, EVERY_STEPS, monitor={"startupGraceSeconds": 5})
 
 
 def _heartbeat(state: Path) -> dict[str, Any] | None:
