@@ -116,8 +116,10 @@ def test_a_stopped_trainer_is_hung_dumped_killed_and_restarted_in_place(
     assert "trainguard_harness/train" in main_thread, message
     frames = re.findall(r'"(, line \d+ in \w+)', message)
     assert frames and all(frame in dump for frame in frames), (frames, dump)
-    if len(dump.encode()) > STACK_EVENT_BYTES:
-        assert message.rstrip().endswith("(truncated) ..."), message[-200:]
+    # Paths are shortened in the Event, so a dump larger than an Event may still fit whole:
+    # either it says it was cut, or it holds every frame of the dump.
+    if not message.rstrip().endswith("(truncated) ..."):
+        assert sorted(frames) == sorted(re.findall(r'"(, line \d+ in \w+)', dump)), message
 
     # Killed after the dump, then restarted in place by the supervisor: same pod, new process.
     def restarted() -> dict[str, Any] | None:
