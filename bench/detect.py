@@ -55,8 +55,8 @@ from typing import Any
 import yaml
 
 from trainguard.api.constants import CRD_NAME
-from trainguard.devcluster.cluster import Cluster
-from trainguard.devcluster.nodes import PROCESS_NODE_LABEL
+from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.cluster.nodes import PROCESS_NODE_LABEL
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINGUARD = Path(sys.executable).parent / "trainguard"

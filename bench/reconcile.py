@@ -38,9 +38,9 @@ from typing import Any
 import yaml
 
 from trainguard.api.constants import CRD_NAME, GROUP, PLURAL, VERSION
-from trainguard.devcluster.cluster import Cluster
-from trainguard.devcluster.nodes import gpu_node
-from trainguard.devcluster.rest import Rest
+from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.cluster.nodes import gpu_node
+from trainguard_dev.cluster.rest import Rest
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINGUARD = Path(sys.executable).parent / "trainguard"

@@ -47,14 +47,6 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 from servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS, start_sshd  # noqa: E402
 
 from checkpoint import MATMUL_SIZE, calibrate_step, make_state, progress, timed  # noqa: E402
-from trainguard.agent.layers import (  # noqa: E402
-    Credentials,
-    Layer,
-    LayerConfig,
-    layer_secrets_env,
-)
-from trainguard.agent.remote.s3 import open_s3  # noqa: E402
-from trainguard.agent.remote.ssh import open_ssh  # noqa: E402
 from trainguard.agent.shipper import Shipper  # noqa: E402
 from trainguard.api.constants import (  # noqa: E402
     SECRET_KEY_S3_ACCESS_KEY_ID,
@@ -64,6 +56,14 @@ from trainguard.api.constants import (  # noqa: E402
     SECRET_KEY_SSH_PRIVATE_KEY,
 )
 from trainguard.ckpt import find_newest_valid  # noqa: E402
+from trainguard.layers import (  # noqa: E402
+    Credentials,
+    Layer,
+    LayerConfig,
+    layer_secrets_env,
+)
+from trainguard.layers.s3 import open_s3  # noqa: E402
+from trainguard.layers.ssh import open_ssh  # noqa: E402
 from trainguard_harness.writer import CheckpointWriter  # noqa: E402
 
 MB = 1e6

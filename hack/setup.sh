@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything trainguard's demo and tests need on a fresh machine, reusing what is
-# already there: a virtualenv in .venv with the project (dev + trainer extras) and the
+# already there: a virtualenv in .venv with the project (operator, dev and trainer extras) and the
 # control-plane binaries built from the pinned Go modules (hack/build-control-plane.sh).
+# The development tools (dev/: local control plane, demo, test helpers) are a distribution
+# of their own, installed from the checkout beside the product; the product never ships them.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,11 +22,11 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 # The constraints pin torch to the version the harness is tested with.
 stamp=.venv/.trainguard-installed
-want="$(cat pyproject.toml hack/constraints.txt | sha256sum | cut -c1-16)"
+want="$(cat pyproject.toml dev/pyproject.toml hack/constraints.txt | sha256sum | cut -c1-16)"
 if [[ "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
   log "installing Python dependencies (torch is large on a fresh machine)"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -c hack/constraints.txt -e '.[dev,trainer]'
+  .venv/bin/pip install -q -c hack/constraints.txt -e '.[operator,dev,trainer]' -e ./dev
   echo "$want" > "$stamp"
 else
   log "Python dependencies: up to date"

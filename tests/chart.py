@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from trainguard import demo_env
-from trainguard.devcluster.cluster import Cluster, default_home, ensure_binaries
+from trainguard_dev.cluster.cluster import Cluster, default_home, ensure_binaries
+from trainguard_dev.demo import env as demo_env
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "trainguard"

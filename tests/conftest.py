@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster.cluster import Cluster
 
 TEST_NODES = 3
 TEST_PROCESS_NODES = 2

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from trainguard.api.constants import CRD_NAME
-from trainguard.crdgen import CRD_FILE
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.crdgen import CRD_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 ESTABLISHED_TIMEOUT = "60s"

@@ -12,8 +12,8 @@ import uuid
 import pytest
 
 from trainguard.api import TrainingRun
-from trainguard.build.pod import PodInputs, training_pod
-from trainguard.devcluster.cluster import Cluster
+from trainguard.operator.build.pod import PodInputs, training_pod
+from trainguard_dev.cluster.cluster import Cluster
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.timeout(120)]
 

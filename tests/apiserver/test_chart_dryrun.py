@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from chart import Obj, render_text
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster.cluster import Cluster
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.timeout(300)]
 

@@ -21,7 +21,7 @@ import yaml
 
 from chart import Obj, Release, helm, install, token_kubeconfig, uninstall
 from trainguard.api.constants import API_VERSION, CRD_NAME, KIND
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster.cluster import Cluster
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.timeout(300)]
 

@@ -13,7 +13,7 @@ import pytest
 from trainguard.api import Condition, TrainingRunStatus
 from trainguard.api import constants as c
 from trainguard.api.spec import Checkpoints
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster.cluster import Cluster
 
 pytestmark = pytest.mark.apiserver
 

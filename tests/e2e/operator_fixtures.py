@@ -26,8 +26,8 @@ from operator_proc import CRD_FILE, POOL_LABEL, OperatorProcess, diagnostics
 
 from chart import install, token_kubeconfig, uninstall
 from trainguard.api.constants import CRD_NAME, TAINT_UNHEALTHY
-from trainguard.devcluster.cluster import Cluster
-from trainguard.devcluster.nodes import PROCESS_NODE_LABEL, gpu_node
+from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.cluster.nodes import PROCESS_NODE_LABEL, gpu_node
 
 
 @pytest.fixture(scope="session")

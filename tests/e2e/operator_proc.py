@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from trainguard.api.constants import CRD_NAME
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster.cluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / f"{CRD_NAME}.yaml"

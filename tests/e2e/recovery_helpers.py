@@ -17,8 +17,8 @@ from typing import Any
 from operator_proc import get_json, pods_of
 
 from trainguard.api.constants import LABEL_ATTEMPT
-from trainguard.devcluster.cluster import Cluster
-from trainguard.devcluster.nodes import PROCESS_NODE_LABEL
+from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.cluster.nodes import PROCESS_NODE_LABEL
 
 
 def make_shards(out: Path) -> Path:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.api import constants, env
-from trainguard.devcluster.cluster import Cluster
+from trainguard.api import constants
+from trainguard.contract import env
+from trainguard_dev.cluster.cluster import Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -105,7 +106,10 @@ def _start_agent(cluster: Cluster, namespace: str, workdir: Path) -> subprocess.
     }  # fmt: skip
     log = (workdir / "agent.log").open("wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "trainguard.cli", "agent"], env=agent_env, stdout=log, stderr=log
+        [sys.executable, "-m", "trainguard.cli.main", "agent"],
+        env=agent_env,
+        stdout=log,
+        stderr=log,
     )
 
 

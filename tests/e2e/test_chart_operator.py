@@ -25,9 +25,9 @@ import yaml
 
 from chart import Release, install, token_kubeconfig, uninstall, upgrade
 from trainguard.api.constants import CRD_NAME
-from trainguard.devcluster.cluster import Cluster
-from trainguard.devcluster.nodes import gpu_node
-from trainguard.metrics import ENV_METRICS_PORT
+from trainguard.operator.metrics import ENV_METRICS_PORT
+from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.cluster.nodes import gpu_node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from operator_proc import eventually
 
-from trainguard.devcluster import nodes as node_manifests
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster import nodes as node_manifests
+from trainguard_dev.cluster.cluster import Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

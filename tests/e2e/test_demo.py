@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster.cluster import Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.devcluster.cluster import Cluster, _pid_alive
+from trainguard_dev.cluster.cluster import Cluster, _pid_alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
-TRAINGUARD = [sys.executable, "-m", "trainguard.cli"]
+TRAINGUARD = [sys.executable, "-m", "trainguard.cli.main"]
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -23,7 +23,7 @@ from operator_proc import (
     pinned,
 )
 
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster.cluster import Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 pytest_plugins = ("operator_fixtures",)

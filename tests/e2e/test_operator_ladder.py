@@ -27,7 +27,7 @@ from operator_proc import (
     pods_of,
 )
 
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster.cluster import Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 pytest_plugins = ("operator_fixtures",)

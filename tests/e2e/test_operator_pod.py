@@ -16,8 +16,8 @@ from operator_proc import (
     pods_of,
 )
 
-from trainguard.api import env
-from trainguard.devcluster.cluster import Cluster
+from trainguard.contract import env
+from trainguard_dev.cluster.cluster import Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 pytest_plugins = ("operator_fixtures",)

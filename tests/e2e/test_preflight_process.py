@@ -42,10 +42,11 @@ from operator_proc import (
 )
 from recovery_helpers import training_run
 
-from trainguard.agent import preflight, staging
 from trainguard.api.constants import TAINT_UNHEALTHY
-from trainguard.devcluster.cluster import Cluster
-from trainguard.devcluster.procnode import ENV_FILENAME, GPU_SIM_FILENAME
+from trainguard.initsteps import preflight
+from trainguard.initsteps import stage_data as staging
+from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.cluster.procnode import ENV_FILENAME, GPU_SIM_FILENAME
 
 pytest_plugins = ("operator_fixtures",)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

@@ -42,7 +42,7 @@ from trainguard.api.constants import (
     SECRET_KEY_S3_SECRET_ACCESS_KEY,
     TAINT_UNHEALTHY,
 )
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster.cluster import Cluster
 
 pytest_plugins = ("operator_fixtures", "integration.s3_fixtures")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]

@@ -39,7 +39,7 @@ from recovery_helpers import (
 )
 
 from trainguard.agent.main import STACK_EVENT_BYTES, STACK_WAIT_S
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster.cluster import Cluster
 
 pytest_plugins = ("operator_fixtures",)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

@@ -31,7 +31,7 @@ from recovery_helpers import (
 )
 
 from trainguard.api.constants import TAINT_UNHEALTHY
-from trainguard.devcluster.cluster import NODE_MONITOR_GRACE, Cluster
+from trainguard_dev.cluster.cluster import NODE_MONITOR_GRACE, Cluster
 
 pytest_plugins = ("operator_fixtures",)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

@@ -21,7 +21,7 @@ import pytest
 from operator_proc import OperatorProcess, apply, events_of, eventually, get_json, pods_of
 from recovery_helpers import make_shards, training_run
 
-from trainguard.devcluster.cluster import Cluster
+from trainguard_dev.cluster.cluster import Cluster
 
 pytest_plugins = ("operator_fixtures",)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from trainguard.api import env
+from trainguard.contract import env
 
 TINY_TRAINER_ARGS = [
     "--preset", "tiny", "--block-size", "32", "--batch-size", "4", "--threads", "1",

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.api import env
+from trainguard.api.spec import DEFAULT_DATA_DIR, DEFAULT_L1_DIR
+from trainguard.contract import env
+from trainguard.contract.files import HEARTBEAT_FILENAME
 from trainguard_harness.settings import HarnessSettings, OnSaveError
 
 pytestmark = pytest.mark.unit
@@ -14,9 +16,9 @@ pytestmark = pytest.mark.unit
 
 def test_defaults_are_the_pod_paths() -> None:
     settings = HarnessSettings.from_env({})
-    assert settings.l1_dir == Path(env.DEFAULT_L1_DIR)
-    assert settings.data_dir == Path(env.DEFAULT_DATA_DIR)
-    assert settings.heartbeat_file == Path(env.DEFAULT_STATE_DIR) / env.HEARTBEAT_FILENAME
+    assert settings.l1_dir == Path(DEFAULT_L1_DIR)
+    assert settings.data_dir == Path(DEFAULT_DATA_DIR)
+    assert settings.heartbeat_file == Path(env.DEFAULT_STATE_DIR) / HEARTBEAT_FILENAME
     assert settings.supervisor_state_file == Path(env.DEFAULT_STATE_DIR) / "supervisor.json"
     assert (settings.keep_last, settings.every_steps, settings.every_seconds) == (2, 50, 0.0)
     assert settings.hash_algorithm == "xxh3-128"

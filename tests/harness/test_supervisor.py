@@ -21,7 +21,7 @@ def supervise(tmp_path: Path, script: str, *options: str) -> tuple[subprocess.Po
     """Start `trainguard supervise [options] -- python -c script tmp_path` in the background."""
     state_file = tmp_path / "state" / "supervisor.json"
     command = [
-        sys.executable, "-m", "trainguard.cli", "supervise", "--state-file", str(state_file),
+        sys.executable, "-m", "trainguard.cli.main", "supervise", "--state-file", str(state_file),
         "--backoff", "0.05", *options, "--", sys.executable, "-c", script, str(tmp_path),
     ]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.PIPE, text=True), state_file
@@ -143,7 +143,7 @@ def test_leftover_processes_of_a_dead_child_are_killed(tmp_path: Path) -> None:
 
 def test_a_command_is_required() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "trainguard.cli", "supervise", "--max-restarts", "1"],
+        [sys.executable, "-m", "trainguard.cli.main", "supervise", "--max-restarts", "1"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -154,7 +154,16 @@ def test_a_command_is_required() -> None:
 def test_default_state_file_is_next_to_the_heartbeat(tmp_path: Path) -> None:
     environ = dict(os.environ, TRAINGUARD_HEARTBEAT_FILE=str(tmp_path / "hb" / "heartbeat.json"))
     result = subprocess.run(
-        [sys.executable, "-m", "trainguard.cli", "supervise", "--", sys.executable, "-c", "pass"],
+        [
+            sys.executable,
+            "-m",
+            "trainguard.cli.main",
+            "supervise",
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+        ],
         env=environ,
         timeout=30,
         check=False,
@@ -165,7 +174,8 @@ def test_default_state_file_is_next_to_the_heartbeat(tmp_path: Path) -> None:
 
 def test_supervisor_and_heartbeat_never_import_torch() -> None:
     check = (
-        "import sys, trainguard.cli, trainguard_harness.supervisor, trainguard_harness.heartbeat;"
+        "import sys, trainguard.cli.main, trainguard_harness.supervisor;"
+        "import trainguard_harness.heartbeat;"
         "from trainguard_harness import HarnessSettings;"
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trainguard.api import env
+from trainguard.contract import env
 from trainguard_harness.supervisor import (
     DEFAULT_BACKOFF_MAX_S,
     DEFAULT_BACKOFF_S,

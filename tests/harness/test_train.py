@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from harness_helpers import fill_until_free, trainer_command, trainer_env
 
-from trainguard.api import env
 from trainguard.ckpt import scan
+from trainguard.contract import env
 from trainguard_harness.heartbeat import PID, read_heartbeat
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
@@ -55,7 +55,7 @@ def test_kill_and_resume_gives_the_same_loss_curve(data_dir: Path, tmp_path: Pat
     # The same run under the supervisor, killed with SIGKILL partway through.
     root = tmp_path / "b"
     resumed_log = root / "loss.jsonl"
-    supervise = [sys.executable, "-m", "trainguard.cli", "supervise", "--backoff", "0.1", "--"]
+    supervise = [sys.executable, "-m", "trainguard.cli.main", "supervise", "--backoff", "0.1", "--"]
     supervisor = subprocess.Popen(
         supervise + trainer_command(data_dir, *common, "--loss-log", str(resumed_log)),
         env=trainer_env(root),

@@ -15,11 +15,11 @@ from layer_helpers import Counting
 from safetensors.numpy import load_file, save_file
 
 from conftest import HF_TOKEN
-from trainguard.agent.layers import LayerConfig, LayerError, layer_secrets_env, open_layer
-from trainguard.agent.remote.hf import HfLayer
 from trainguard.agent.shipper import Shipper
 from trainguard.api.constants import SECRET_KEY_HF_TOKEN
 from trainguard.ckpt import CheckpointTransaction, Contents, step_dirname, verify
+from trainguard.layers import LayerConfig, LayerError, layer_secrets_env, open_layer
+from trainguard.layers.hf import HfLayer
 
 pytestmark = pytest.mark.e2e
 

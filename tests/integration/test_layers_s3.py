@@ -9,16 +9,17 @@ import pytest
 from layer_helpers import MIB, Counting, assert_same_checkpoint, save
 from servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
 
-from trainguard.agent.layers import COST, Credentials, FileLayer, LayerConfig, LayerError
-from trainguard.agent.remote.base import FINGERPRINTS_FILENAME, RemoteLayer, step_key
-from trainguard.agent.remote.s3 import MIN_PART_BYTES, open_s3
-from trainguard.agent.shipper import FAILED, Shipper, restore
+from trainguard.agent.shipper import FAILED, Shipper
 from trainguard.api.constants import (
     SECRET_KEY_S3_ACCESS_KEY_ID,
     SECRET_KEY_S3_ENDPOINT_URL,
     SECRET_KEY_S3_SECRET_ACCESS_KEY,
 )
 from trainguard.ckpt import MANIFEST_FILENAME, step_dirname
+from trainguard.initsteps.restore import restore
+from trainguard.layers import COST, Credentials, FileLayer, LayerConfig, LayerError
+from trainguard.layers.base import FINGERPRINTS_FILENAME, RemoteLayer, step_key
+from trainguard.layers.s3 import MIN_PART_BYTES, open_s3
 
 pytest_plugins = ("integration.s3_fixtures",)
 pytestmark = pytest.mark.e2e

@@ -9,17 +9,18 @@ import pytest
 from layer_helpers import MIB, Counting, assert_same_checkpoint, save
 from servers import Sshd
 
-from trainguard.agent.layers import (
+from trainguard.agent.shipper import Shipper
+from trainguard.api.constants import SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_PRIVATE_KEY
+from trainguard.ckpt import step_dirname
+from trainguard.initsteps.restore import restore
+from trainguard.layers import (
     LayerConfig,
     LayerError,
     layer_secrets_env,
     open_layer,
 )
-from trainguard.agent.remote.base import RemoteLayer
-from trainguard.agent.remote.ssh import PARTIAL_SUFFIX
-from trainguard.agent.shipper import Shipper, restore
-from trainguard.api.constants import SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_PRIVATE_KEY
-from trainguard.ckpt import step_dirname
+from trainguard.layers.base import RemoteLayer
+from trainguard.layers.ssh import PARTIAL_SUFFIX
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.agent import gpu
+from trainguard import gpu
 
 pytestmark = pytest.mark.unit
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from trainguard.agent.main import Agent
-from trainguard.api import constants, env
+from trainguard.api import constants
+from trainguard.contract import env
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 

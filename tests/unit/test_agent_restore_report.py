@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from trainguard.agent.main import ANNOTATION_RESTORED, Agent
-from trainguard.agent.shipper import RESTORE_FILENAME
-from trainguard.api import env
+from trainguard.contract import env
+from trainguard.contract.files import RESTORE_FILENAME
 
 pytestmark = pytest.mark.unit
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.agent.layers import FileLayer, LayerConfig, Transfer, open_layer
-from trainguard.agent.shipper import FAILED, SHIPPER_NICE, VERIFIED, Shipper, restore
+from trainguard.agent.shipper import FAILED, SHIPPER_NICE, VERIFIED, Shipper
 from trainguard.ckpt import CheckpointTransaction, Contents, scan, step_dirname
+from trainguard.initsteps.restore import restore
+from trainguard.layers import FileLayer, LayerConfig, Transfer, open_layer
 
 pytestmark = pytest.mark.unit
 

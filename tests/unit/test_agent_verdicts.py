@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.agent.gpu import SimulatedProbe, publish
 from trainguard.agent.signals import Collector
 from trainguard.agent.verdicts import (
     DEAD,
@@ -27,6 +26,7 @@ from trainguard.agent.verdicts import (
     Thresholds,
     classify,
 )
+from trainguard.gpu import SimulatedProbe, publish
 
 pytestmark = pytest.mark.unit
 

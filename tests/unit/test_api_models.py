@@ -15,9 +15,8 @@ from pydantic import ValidationError
 from trainguard.api import Condition, TrainingRun, TrainingRunSpec, TrainingRunStatus
 from trainguard.api import constants as c
 from trainguard.api.base import RULE_ERROR_TYPE
-from trainguard.api.env import DEFAULT_DATA_DIR, DEFAULT_L1_DIR
 from trainguard.api.quantity import parse_quantity, quantity_bytes
-from trainguard.api.spec import Data, RemoteLayer, SecretRef
+from trainguard.api.spec import DEFAULT_DATA_DIR, DEFAULT_L1_DIR, Data, RemoteLayer, SecretRef
 from trainguard.api.status import REASON_RE
 
 pytestmark = pytest.mark.unit

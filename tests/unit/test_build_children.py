@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from trainguard.api import TrainingRun
-from trainguard.build.lease import lease
-from trainguard.build.role import role
-from trainguard.build.rolebinding import role_binding
-from trainguard.build.serviceaccount import service_account
+from trainguard.operator.build.lease import lease
+from trainguard.operator.build.role import role
+from trainguard.operator.build.rolebinding import role_binding
+from trainguard.operator.build.serviceaccount import service_account
 
 pytestmark = pytest.mark.unit
 

@@ -7,28 +7,35 @@ from typing import Any
 import pytest
 from run_factory import UID, make_run
 
-from trainguard.agent.layers import LAYER_PATH_ENV_PREFIX as AGENT_LAYER_PATH_PREFIX
-from trainguard.agent.layers import Credentials, layer_secrets_env
-from trainguard.agent.main import flush_timeout_from_env
-from trainguard.api import env
-from trainguard.build.constants import LAYER_PATH_ENV_PREFIX
-from trainguard.build.pod import (
-    PodInputs,
-    layer_path_env,
-    spec_hash,
-    training_pod,
-)
-from trainguard.build.pod import layer_secrets_env as built_secrets_env
+from trainguard.contract import env
+from trainguard.contract.env import ContractError, PodEnv, layer_path_env, layer_secrets_env
+from trainguard.layers import Credentials
+from trainguard.operator.build.pod import PodInputs, spec_hash, training_pod
+
+# The builder and the agent share the contract's one spelling of the per-layer variables.
+built_secrets_env = layer_secrets_env
+LAYER_PATH_ENV_PREFIX = AGENT_LAYER_PATH_PREFIX = env.LAYER_PATH_PREFIX
+
+
+def flush_timeout_from_env(values: dict[str, str]) -> float:
+    """What the agent bounds its flush with, read as every program reads the contract."""
+    return PodEnv.from_env(values).flush_timeout_seconds
+
 
 pytestmark = pytest.mark.unit
 
 IMAGE = "registry.example/trainguard:test"
 GI = 2**30
-# Every variable of the env contract, read from the module that defines it.
+# Every variable the operator sets, read from the module that defines it: all but the per-layer
+# prefixes and the variables a node provides.
 CONTRACT = {
     value
     for key, value in vars(env).items()
-    if key.isupper() and isinstance(value, str) and value.startswith("TRAINGUARD_")
+    if key.isupper()
+    and isinstance(value, str)
+    and value.startswith("TRAINGUARD_")
+    and not value.endswith("_")
+    and value not in env.NODE_PROVIDED
 }
 RESTRICTED = {
     "allowPrivilegeEscalation": False,
@@ -398,9 +405,14 @@ def test_flush_timeout_reaches_the_agent(seconds: int | None, expected: float) -
     assert flush_timeout_from_env(values) == expected
 
 
-@pytest.mark.parametrize("raw", ["", "soon", "0", "-3"])
-def test_a_bad_flush_timeout_falls_back_to_the_default(raw: str) -> None:
-    assert flush_timeout_from_env({env.FLUSH_TIMEOUT_SECONDS: raw}) == 600.0
+def test_an_empty_flush_timeout_is_the_default() -> None:
+    assert flush_timeout_from_env({env.FLUSH_TIMEOUT_SECONDS: ""}) == 600.0
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-3"])
+def test_a_bad_flush_timeout_is_refused_naming_the_variable(raw: str) -> None:
+    with pytest.raises(ContractError, match=env.FLUSH_TIMEOUT_SECONDS):
+        flush_timeout_from_env({env.FLUSH_TIMEOUT_SECONDS: raw})
 
 
 def test_layer_path_variable_is_the_one_the_agent_reads() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from run_factory import make_run
 
-from trainguard.build.sizing import checkpoint_bytes, disk_sizes, mebibytes
+from trainguard.operator.build.sizing import checkpoint_bytes, disk_sizes, mebibytes
 
 pytestmark = pytest.mark.unit
 

@@ -18,8 +18,8 @@ from run_factory import make_run
 
 from chart import CHART, Obj, find, helm, only, render, render_text
 from trainguard.api.constants import CRD_NAME
-from trainguard.build.role import role
-from trainguard.crdgen import CRD_FILE
+from trainguard.operator.build.role import role
+from trainguard_dev.crdgen import CRD_FILE
 
 pytestmark = pytest.mark.unit
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from trainguard import crdgen
 from trainguard.api import TrainingRunSpec, TrainingRunStatus
 from trainguard.api import constants as c
 from trainguard.api.base import X_INT_OR_STRING, X_LIST_MAP_KEYS, X_VALIDATIONS
+from trainguard_dev import crdgen
 
 pytestmark = pytest.mark.unit
 
@@ -45,7 +45,7 @@ def root(crd: Schema) -> Schema:
 
 
 def test_checked_in_files_match_the_models() -> None:
-    assert crdgen.drift(REPO) == [], "run `python -m trainguard.crdgen` and commit the result"
+    assert crdgen.drift(REPO) == [], "run `python -m trainguard_dev.crdgen` and commit the result"
 
 
 def test_chart_copy_is_identical() -> None:
@@ -54,7 +54,7 @@ def test_chart_copy_is_identical() -> None:
 
 def test_check_mode_reports_drift(tmp_path: Path) -> None:
     (tmp_path / "charts" / "trainguard").mkdir(parents=True)
-    command = [sys.executable, "-m", "trainguard.crdgen", "--root", str(tmp_path)]
+    command = [sys.executable, "-m", "trainguard_dev.crdgen", "--root", str(tmp_path)]
     stale = subprocess.run([*command, "--check"], capture_output=True, text=True, check=False)
     assert stale.returncode == 1
     assert "out of date" in stale.stdout
@@ -71,7 +71,7 @@ def test_check_mode_reports_drift(tmp_path: Path) -> None:
 
 def test_refuses_a_directory_that_is_not_the_repository(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "trainguard.crdgen", "--root", str(tmp_path)],
+        [sys.executable, "-m", "trainguard_dev.crdgen", "--root", str(tmp_path)],
         capture_output=True,
         text=True,
         check=False,

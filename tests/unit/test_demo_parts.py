@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
-from trainguard import demo_env
 from trainguard.api import TrainingRun
-from trainguard.demo import evidence_reason, summary_table
-from trainguard.demo_watch import Checkpoints, progress_line
-from trainguard.devcluster.cluster import default_home, ensure_binaries
+from trainguard_dev.cluster.cluster import default_home, ensure_binaries
+from trainguard_dev.demo import env as demo_env
+from trainguard_dev.demo.main import evidence_reason, summary_table
+from trainguard_dev.demo.watch import Checkpoints, progress_line
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 

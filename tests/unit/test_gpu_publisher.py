@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.agent import gpu
+from trainguard import gpu
 from trainguard.ckpt.hashing import XXH3_128, canonical_algorithm, new_hasher
 from trainguard_harness.gpu_publisher import GpuPublisher
 
@@ -44,7 +44,7 @@ def test_supervise_publishes_readings_next_to_the_heartbeat(tmp_path: Path) -> N
         "PATH": "/usr/bin:/bin",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainguard.cli", "supervise", "--", "sleep", "3"], env=env
+        [sys.executable, "-m", "trainguard.cli.main", "supervise", "--", "sleep", "3"], env=env
     )
     try:
         deadline = time.monotonic() + 20

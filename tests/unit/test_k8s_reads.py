@@ -1,4 +1,4 @@
-"""What the operator reads from pods and PersistentVolumes (pure helpers of trainguard.k8s)."""
+"""What the operator reads from pods and PersistentVolumes (pure helpers of its k8s package)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from trainguard.k8s.pods import pod_view, scheduler_message
-from trainguard.k8s.volumes import pv_source
-from trainguard.policies.lifecycle import PodView
+from trainguard.operator.k8s.pods import pod_view, scheduler_message
+from trainguard.operator.k8s.volumes import pv_source
+from trainguard.operator.policies.lifecycle import PodView
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from trainguard.agent.layers import (
+from trainguard.api.constants import (
+    SECRET_KEY_HF_TOKEN,
+    SECRET_KEY_S3_ACCESS_KEY_ID,
+    SECRET_KEY_S3_ENDPOINT_URL,
+    SECRET_KEY_S3_SECRET_ACCESS_KEY,
+    SECRET_KEY_SSH_PRIVATE_KEY,
+)
+from trainguard.ckpt import MANIFEST_FILENAME, CheckpointTransaction, FileEntry, verify
+from trainguard.initsteps.restore import restore
+from trainguard.layers import (
     REDACTED,
     Credentials,
     LayerConfig,
@@ -21,20 +30,11 @@ from trainguard.agent.layers import (
     open_layer,
     weight_files,
 )
-from trainguard.agent.remote.base import FINGERPRINTS_FILENAME, RemoteLayer, Uploads, step_key
-from trainguard.agent.remote.hf import HfLayer
-from trainguard.agent.remote.s3 import S3Store
-from trainguard.agent.remote.shards import ShardError, split
-from trainguard.agent.remote.ssh import SshStore
-from trainguard.agent.shipper import restore
-from trainguard.api.constants import (
-    SECRET_KEY_HF_TOKEN,
-    SECRET_KEY_S3_ACCESS_KEY_ID,
-    SECRET_KEY_S3_ENDPOINT_URL,
-    SECRET_KEY_S3_SECRET_ACCESS_KEY,
-    SECRET_KEY_SSH_PRIVATE_KEY,
-)
-from trainguard.ckpt import MANIFEST_FILENAME, CheckpointTransaction, FileEntry, verify
+from trainguard.layers.base import FINGERPRINTS_FILENAME, RemoteLayer, Uploads, step_key
+from trainguard.layers.hf import HfLayer
+from trainguard.layers.s3 import S3Store
+from trainguard.layers.shards import ShardError, split
+from trainguard.layers.ssh import SshStore
 
 pytestmark = pytest.mark.unit
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.agent.layers import LayerConfig, Transfer
 from trainguard.agent.shipper import UPLOADING, VERIFIED, RateLimiter, Shipper
 from trainguard.ckpt import CheckpointTransaction
+from trainguard.layers import LayerConfig, Transfer
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from trainguard.api import TrainingRunStatus
-from trainguard.metrics import ENV_METRICS_PORT, Metrics, serve
+from trainguard.operator.metrics import ENV_METRICS_PORT, Metrics, serve
 
 pytestmark = pytest.mark.unit
 

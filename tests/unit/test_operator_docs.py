@@ -6,14 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.api import env
-from trainguard.build.constants import (
-    LAYER_PATH_ENV_PREFIX,
-    LAYER_SECRETS_ENV_PREFIX,
-    OperatorReason,
-)
-from trainguard.operator_main import _parser
-from trainguard.policies.placement import (
+from trainguard.contract import env
+from trainguard.operator.build.constants import OperatorReason
+from trainguard.operator.main import _parser
+from trainguard.operator.policies.placement import (
     DEFAULT_NETWORK_CSI_DRIVERS,
     NETWORK_NAME_MARKERS,
     NETWORK_PV_SOURCES,
@@ -30,12 +26,15 @@ def test_env_contract_documents_every_variable() -> None:
     variables = {
         value
         for key, value in vars(env).items()
-        if key.isupper() and isinstance(value, str) and value.startswith("TRAINGUARD_")
+        if key.isupper()
+        and isinstance(value, str)
+        and value.startswith("TRAINGUARD_")
+        and not value.endswith("_")
     }
     missing = {v for v in variables if f"`{v}`" not in ENV_CONTRACT}
     assert not missing
-    assert f"`{LAYER_PATH_ENV_PREFIX}<NAME>`" in ENV_CONTRACT
-    assert f"`{LAYER_SECRETS_ENV_PREFIX}<NAME>`" in ENV_CONTRACT
+    assert f"`{env.LAYER_PATH_PREFIX}<NAME>`" in ENV_CONTRACT
+    assert f"`{env.LAYER_SECRETS_PREFIX}<NAME>`" in ENV_CONTRACT
 
 
 @pytest.mark.parametrize(

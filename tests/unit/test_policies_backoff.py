@@ -10,8 +10,8 @@ from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Reason
 from trainguard.api.spec import Backoff
 from trainguard.api.status import Failure as FailureRecord
-from trainguard.policies.backoff import delay, hold, remaining
-from trainguard.policies.lifecycle import Decision
+from trainguard.operator.policies.backoff import delay, hold, remaining
+from trainguard.operator.policies.lifecycle import Decision
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

@@ -11,12 +11,12 @@ from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Verdict
 from trainguard.api.spec import Recovery
 from trainguard.api.status import Failure as FailureRecord
-from trainguard.k8s.leases import lease_view
-from trainguard.policies import ladder
-from trainguard.policies.failures import Found, Observation, detect, history, record
-from trainguard.policies.ladder import Failure
-from trainguard.policies.lifecycle import PodView, given_up
-from trainguard.policies.signals import LeaseView, urgent
+from trainguard.operator.k8s.leases import lease_view
+from trainguard.operator.policies import ladder
+from trainguard.operator.policies.failures import Found, Observation, detect, history, record
+from trainguard.operator.policies.ladder import Failure
+from trainguard.operator.policies.lifecycle import PodView, given_up
+from trainguard.operator.policies.signals import LeaseView, urgent
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainguard.api.spec import Recovery
-from trainguard.policies.ladder import Action, Failure, History, decide, is_repeated
+from trainguard.operator.policies.ladder import Action, Failure, History, decide, is_repeated
 
 pytestmark = pytest.mark.unit
 

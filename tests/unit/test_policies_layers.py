@@ -9,9 +9,9 @@ import pytest
 from trainguard.agent.shipper import LayerState
 from trainguard.api.constants import ShippingState
 from trainguard.api.status import LayerCheckpoint, Shipping
-from trainguard.k8s.leases import lease_view
-from trainguard.policies.layers import parse_layers
-from trainguard.status import merge_layers
+from trainguard.operator.conditions import merge_layers
+from trainguard.operator.k8s.leases import lease_view
+from trainguard.operator.policies.layers import parse_layers
 
 pytestmark = pytest.mark.unit
 

@@ -10,9 +10,16 @@ from run_factory import make_run
 
 from trainguard.api import TrainingRun
 from trainguard.api.constants import NetworkVolumes, Reason
-from trainguard.build.pod import spec_hash
-from trainguard.policies.lifecycle import Decision, PodView, decide, extra_events, observed, state
-from trainguard.policies.placement import Finding, PlacementDecision
+from trainguard.operator.build.pod import spec_hash
+from trainguard.operator.policies.lifecycle import (
+    Decision,
+    PodView,
+    decide,
+    extra_events,
+    observed,
+    state,
+)
+from trainguard.operator.policies.placement import Finding, PlacementDecision
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import pytest
 from run_factory import make_run
 
 from trainguard.api.constants import NetworkVolumes
-from trainguard.policies.placement import (
+from trainguard.operator.policies.placement import (
     HotPathClaim,
     HotPathVolume,
     NetworkList,

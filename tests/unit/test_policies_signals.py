@@ -10,8 +10,8 @@ import pytest
 from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Verdict
 from trainguard.api.status import Failure as FailureRecord
-from trainguard.k8s.leases import lease_view
-from trainguard.policies.signals import LeaseView, expired, renewed_by, urgent
+from trainguard.operator.k8s.leases import lease_view
+from trainguard.operator.policies.signals import LeaseView, expired, renewed_by, urgent
 
 pytestmark = pytest.mark.unit
 

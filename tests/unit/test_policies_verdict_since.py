@@ -15,11 +15,11 @@ from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import ANNOTATION_VERDICT, ANNOTATION_VERDICT_SINCE, Verdict
 from trainguard.api.spec import Recovery
 from trainguard.api.status import Failure as FailureRecord
-from trainguard.k8s.leases import lease_view
-from trainguard.policies import ladder
-from trainguard.policies.failures import Observation, detect, history, record
-from trainguard.policies.lifecycle import PodView
-from trainguard.policies.signals import LeaseView, same_failure, urgent
+from trainguard.operator.k8s.leases import lease_view
+from trainguard.operator.policies import ladder
+from trainguard.operator.policies.failures import Observation, detect, history, record
+from trainguard.operator.policies.lifecycle import PodView
+from trainguard.operator.policies.signals import LeaseView, same_failure, urgent
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
 

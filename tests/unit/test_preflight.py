@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from trainguard.agent import preflight, steps
-from trainguard.agent.gpu import SIMULATION_ENV, UnavailableProbe
-from trainguard.api import env
+from trainguard.contract import env, files, reports
+from trainguard.gpu import SIMULATION_ENV, UnavailableProbe
+from trainguard.initsteps import preflight
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -39,13 +39,13 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
         monkeypatch.delenv(name, raising=False)
     paths["termination"] = tmp_path / "termination-log"  # created by the kubelet in a pod
     paths["termination"].touch()
-    monkeypatch.setenv(steps.TERMINATION_LOG_ENV, str(paths["termination"]))
+    monkeypatch.setenv(env.TERMINATION_LOG, str(paths["termination"]))
     return paths
 
 
 def run(node: dict[str, Path], *args: str) -> tuple[int, dict[str, Any]]:
     code = preflight.main([*QUICK, *args])
-    result: dict[str, Any] = json.loads((node["state"] / steps.PREFLIGHT_FILENAME).read_text())
+    result: dict[str, Any] = json.loads((node["state"] / files.PREFLIGHT_FILENAME).read_text())
     assert result["exit_code"] == code
     return code, result
 
@@ -77,7 +77,7 @@ def test_a_healthy_node_passes_with_figures(node: dict[str, Path]) -> None:
     assert gpu["status"] == preflight.PASS and gpu["figures"]["source"] == "simulated"
     # The termination message is the status's summary: the slowest bandwidth, the space.
     short = json.loads(node["termination"].read_text())
-    assert short == steps.preflight_summary(result, preflight.MESSAGE_LIMIT)
+    assert short == reports.preflight_summary(result, preflight.MESSAGE_LIMIT)
     rates = checks(result, preflight.BANDWIDTH).values()
     assert short["passed"] is True and short["gpu"] == preflight.PASS
     assert short["writeMbps"] == min(c["figures"]["write_mb_per_s"] for c in rates)
@@ -204,7 +204,7 @@ def test_the_floors_come_from_the_flags_else_the_nodes_environment(
     monkeypatch.setenv(preflight.MIN_WRITE_ENV, "1e9")
     monkeypatch.setenv(preflight.MIN_READ_ENV, "0.5")
     code = preflight.main(unfloored)
-    result = json.loads((node["state"] / steps.PREFLIGHT_FILENAME).read_text())
+    result = json.loads((node["state"] / files.PREFLIGHT_FILENAME).read_text())
     figures = checks(result, preflight.BANDWIDTH)["l1"]["figures"]
     assert code == preflight.ExitCode.BANDWIDTH
     assert (figures["min_write_mb_per_s"], figures["min_read_mb_per_s"]) == (1e9, 0.5)
@@ -213,7 +213,7 @@ def test_the_floors_come_from_the_flags_else_the_nodes_environment(
     monkeypatch.delenv(preflight.MIN_WRITE_ENV)
     monkeypatch.delenv(preflight.MIN_READ_ENV)
     preflight.main(unfloored)
-    result = json.loads((node["state"] / steps.PREFLIGHT_FILENAME).read_text())
+    result = json.loads((node["state"] / files.PREFLIGHT_FILENAME).read_text())
     figures = checks(result, preflight.BANDWIDTH)["l1"]["figures"]
     assert (figures["min_write_mb_per_s"], figures["min_read_mb_per_s"]) == (
         preflight.DEFAULT_MIN_WRITE_MBPS,

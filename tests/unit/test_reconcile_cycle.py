@@ -17,11 +17,11 @@ import pytest
 from run_factory import NAMESPACE, UID, make_run
 
 from trainguard.api.constants import Verdict
-from trainguard.k8s.pods import pod_view
-from trainguard.k8s.reconcile import Settings, reconcile
-from trainguard.policies.lifecycle import PodView
-from trainguard.policies.placement import NetworkList
-from trainguard.policies.signals import LeaseView
+from trainguard.operator.k8s.pods import pod_view
+from trainguard.operator.k8s.reconcile import Settings, reconcile
+from trainguard.operator.policies.lifecycle import PodView
+from trainguard.operator.policies.placement import NetworkList
+from trainguard.operator.policies.signals import LeaseView
 
 pytestmark = pytest.mark.unit
 

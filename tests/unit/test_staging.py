@@ -15,8 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.agent import staging, steps
-from trainguard.agent.sources import (
+from trainguard.api.constants import ANNOTATION_STAGING, StagingPhase
+from trainguard.api.status import Staging
+from trainguard.ckpt import DEFAULT_ALGORITHM, hash_file
+from trainguard.contract import env, files, reports
+from trainguard.initsteps import stage_data as staging
+from trainguard.initsteps.sources import (
     DATA_MANIFEST_FILENAME,
     DirectorySource,
     Source,
@@ -27,11 +31,7 @@ from trainguard.agent.sources import (
     open_source,
     read_chunks,
 )
-from trainguard.api import env
-from trainguard.api.constants import ANNOTATION_STAGING, StagingPhase
-from trainguard.api.status import Staging
-from trainguard.ckpt import DEFAULT_ALGORITHM, hash_file
-from trainguard.policies import initsteps
+from trainguard.operator.policies import initsteps
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -72,11 +72,11 @@ def staged_files(dest: Path) -> dict[str, bytes]:
 
 
 def progress(tmp_path: Path, source: str, dest: Path) -> staging.Progress:
-    return staging.Progress(source, dest, tmp_path / steps.STAGING_FILENAME, interval_s=60)
+    return staging.Progress(source, dest, tmp_path / files.STAGING_FILENAME, interval_s=60)
 
 
 def report(tmp_path: Path) -> dict[str, object]:
-    data: dict[str, object] = json.loads((tmp_path / steps.STAGING_FILENAME).read_text())
+    data: dict[str, object] = json.loads((tmp_path / files.STAGING_FILENAME).read_text())
     return data
 
 
@@ -133,7 +133,7 @@ def termination_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The container's termination message file (the kubelet creates it in a pod)."""
     path = tmp_path / "termination-log"
     path.touch()
-    monkeypatch.setenv(steps.TERMINATION_LOG_ENV, str(path))
+    monkeypatch.setenv(env.TERMINATION_LOG, str(path))
     return path
 
 
@@ -259,7 +259,7 @@ def _cli(tmp_path: Path, *args: str, inject: str | None = None) -> subprocess.Po
     if inject is not None:
         environ[staging.INJECT_ENV] = inject
     return subprocess.Popen(
-        [sys.executable, "-m", "trainguard.cli", "stage-data", *args],
+        [sys.executable, "-m", "trainguard.cli.main", "stage-data", *args],
         env=environ,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -268,7 +268,7 @@ def _cli(tmp_path: Path, *args: str, inject: str | None = None) -> subprocess.Po
 
 
 def _cli_report(tmp_path: Path) -> dict[str, object]:
-    data: dict[str, object] = json.loads((tmp_path / "state" / steps.STAGING_FILENAME).read_text())
+    data: dict[str, object] = json.loads((tmp_path / "state" / files.STAGING_FILENAME).read_text())
     return data
 
 
@@ -334,9 +334,9 @@ def test_a_source_read_that_never_returns_fails_within_the_timeout(
     assert hung in str(failed["error"])
     # Reported before os._exit, in short: the fields of the run's status.staging.
     short = json.loads(termination_log.read_text())
-    assert short == steps.staging_summary(failed, None)
+    assert short == reports.staging_summary(failed, None)
     assert short["phase"] == staging.FAILED and hung in short["message"]
-    assert len(short["message"]) <= steps.SUMMARY_MESSAGE_LIMIT
+    assert len(short["message"]) <= reports.SUMMARY_MESSAGE_LIMIT
 
 
 @pytest.fixture
@@ -432,7 +432,7 @@ def test_progress_reaches_the_agents_lease_annotations_while_staging_runs(
     worker.start()
     seen: list[Staging] = []
     while worker.is_alive():
-        text = steps.lease_annotations(tmp_path, "2").get(ANNOTATION_STAGING)
+        text = reports.lease_annotations(tmp_path, "2").get(ANNOTATION_STAGING)
         parsed = initsteps.parse(Staging, text)
         if parsed is not None:
             seen.append(parsed)
@@ -442,7 +442,9 @@ def test_progress_reaches_the_agents_lease_annotations_while_staging_runs(
     assert running, seen
     assert running[-1].bytes_per_second and running[-1].eta_seconds is not None
     assert all(s.attempt == 2 for s in seen)
-    final = initsteps.parse(Staging, steps.lease_annotations(tmp_path, "2").get(ANNOTATION_STAGING))
+    final = initsteps.parse(
+        Staging, reports.lease_annotations(tmp_path, "2").get(ANNOTATION_STAGING)
+    )
     assert final is not None and final.phase == StagingPhase.COMPLETE
     assert final.files_done == final.files_total == len(contents)
-    assert len(steps.lease_annotations(tmp_path, "2")[ANNOTATION_STAGING]) < 400
+    assert len(reports.lease_annotations(tmp_path, "2")[ANNOTATION_STAGING]) < 400

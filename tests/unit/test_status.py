@@ -10,10 +10,7 @@ import pytest
 from trainguard.api import Condition, TrainingRunStatus
 from trainguard.api.constants import CheckResult, ConditionStatus, Phase, StagingPhase
 from trainguard.api.status import Preflight, Staging
-from trainguard.policies import initsteps
-from trainguard.policies.lifecycle import PodView
-from trainguard.policies.signals import LeaseView
-from trainguard.status import (
+from trainguard.operator.conditions import (
     MAX_EVENT_BYTES,
     EventSpec,
     Observed,
@@ -28,6 +25,9 @@ from trainguard.status import (
     step_events,
     transition_events,
 )
+from trainguard.operator.policies import initsteps
+from trainguard.operator.policies.lifecycle import PodView
+from trainguard.operator.policies.signals import LeaseView
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from trainguard.timeline import entries, render
+from trainguard.cli.status import entries, render
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(30)]
 

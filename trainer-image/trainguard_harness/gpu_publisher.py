@@ -2,7 +2,7 @@
 
 Only a container that requests `nvidia.com/gpu` can open the pod's GPUs, and the supervisor
 outlives the training process, so it is the one place that can see whether GPU memory is
-released after a death. Every interval it reads `trainguard.agent.gpu.default_probe()` (NVML;
+released after a death. Every interval it reads `trainguard.gpu.default_probe()` (NVML;
 the named simulator only where `TRAINGUARD_GPU_SIMULATION` configures it; "unavailable"
 otherwise) and atomically replaces the readings file. A supervisor that stops publishing is
 itself an absence the agent notices (stale readings).
@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from trainguard.agent.gpu import SIMULATED_PROCESS_MIB, GpuProbe, default_probe, publish
+from trainguard.gpu import SIMULATED_PROCESS_MIB, GpuProbe, default_probe, publish
 
 DEFAULT_INTERVAL_S = 1.0
 

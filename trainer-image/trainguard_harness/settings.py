@@ -1,8 +1,8 @@
 """Where the harness reads and writes, and how often it checkpoints.
 
-Values come from the environment contract (`trainguard.api.env`, set by the operator on every
-training container), fall back to the defaults below when a trainer is run by hand, and are
-overridden by explicit arguments.
+Values come from the pod contract (`trainguard.contract.env.PodEnv`, set by the operator on
+every training container), fall back to its defaults (the API's) when a trainer is run by
+hand, and are overridden by explicit arguments.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.api import env
+from trainguard.api.spec import DEFAULT_DATA_DIR
 from trainguard.ckpt import DEFAULT_ALGORITHM
+from trainguard.contract.env import PodEnv
 
+_POD_DEFAULTS = PodEnv()
 # Keep-last 2 full checkpoints and save every 50 steps: the figures the incidents settled on.
-DEFAULT_KEEP_LAST = 2
-DEFAULT_EVERY_STEPS = 50
-DEFAULT_EVERY_SECONDS = 0.0
-SUPERVISOR_STATE_FILENAME = "supervisor.json"
-STACKS_FILENAME_PATTERN = env.STACKS_FILENAME_PATTERN
+DEFAULT_KEEP_LAST = _POD_DEFAULTS.keep_last
+DEFAULT_EVERY_STEPS = _POD_DEFAULTS.every_steps
+DEFAULT_EVERY_SECONDS = _POD_DEFAULTS.every_seconds
 
 
 class OnSaveError(enum.StrEnum):
@@ -37,10 +37,10 @@ class OnSaveError(enum.StrEnum):
 class HarnessSettings:
     """Paths and cadence of one trainer process."""
 
-    l1_dir: Path = Path(env.DEFAULT_L1_DIR)
-    data_dir: Path = Path(env.DEFAULT_DATA_DIR)
-    state_dir: Path = Path(env.DEFAULT_STATE_DIR)
-    heartbeat_file: Path = Path(env.DEFAULT_STATE_DIR) / env.HEARTBEAT_FILENAME
+    l1_dir: Path = _POD_DEFAULTS.l1_dir
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    state_dir: Path = _POD_DEFAULTS.state_dir
+    heartbeat_file: Path = _POD_DEFAULTS.heartbeat
     keep_last: int = DEFAULT_KEEP_LAST
     every_steps: int = DEFAULT_EVERY_STEPS
     every_seconds: float = DEFAULT_EVERY_SECONDS
@@ -54,13 +54,18 @@ class HarnessSettings:
             raise ValueError("checkpoint cadences must be >= 0 (0 turns one off)")
 
     @property
+    def pod(self) -> PodEnv:
+        """These paths as the pod contract: where its state files lie."""
+        return PodEnv(state_dir=self.state_dir, heartbeat_file=self.heartbeat_file)
+
+    @property
     def supervisor_state_file(self) -> Path:
         """The supervisor's state file: next to the heartbeat."""
-        return self.heartbeat_file.parent / SUPERVISOR_STATE_FILENAME
+        return self.pod.supervisor_file
 
     def stacks_file(self, pid: int) -> Path:
         """Where SIGUSR1 stack dumps of process `pid` go (in the state dir)."""
-        return self.state_dir / STACKS_FILENAME_PATTERN.format(pid=pid)
+        return self.pod.stacks_file(pid)
 
     @classmethod
     def from_env(
@@ -70,27 +75,23 @@ class HarnessSettings:
 
         The heartbeat defaults to `heartbeat.json` in the state directory, wherever that is.
         """
-        source = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for field, variable, convert in _ENV_FIELDS:
-            raw = source.get(variable)
-            if raw:
-                values[field] = convert(raw)
-        values.update({key: value for key, value in overrides.items() if value is not None})
-        if "heartbeat_file" not in values:
-            state_dir = Path(str(values.get("state_dir", env.DEFAULT_STATE_DIR)))
-            values["heartbeat_file"] = state_dir / env.HEARTBEAT_FILENAME
+        pod = PodEnv.from_env(os.environ if environ is None else environ)
+        values: dict[str, Any] = {
+            "l1_dir": pod.l1_dir,
+            "state_dir": pod.state_dir,
+            "heartbeat_file": pod.heartbeat,
+            "keep_last": pod.keep_last,
+            "every_steps": pod.every_steps,
+            "every_seconds": pod.every_seconds,
+        }
+        if pod.data_dir is not None:
+            values["data_dir"] = pod.data_dir
+        if pod.hash_algorithm:
+            values["hash_algorithm"] = pod.hash_algorithm
+        explicit = {key: value for key, value in overrides.items() if value is not None}
+        if "state_dir" in explicit and "heartbeat_file" not in explicit and not pod.heartbeat_file:
+            # The heartbeat follows the state directory unless a heartbeat file was named.
+            values["heartbeat_file"] = PodEnv(state_dir=Path(str(explicit["state_dir"]))).heartbeat
+        values.update(explicit)
         # replace() validates the names (TypeError on an unknown one) and runs __post_init__.
         return dataclasses.replace(cls(), **values)
-
-
-_ENV_FIELDS: tuple[tuple[str, str, type], ...] = (
-    ("l1_dir", env.L1_DIR, Path),
-    ("state_dir", env.STATE_DIR, Path),
-    ("data_dir", env.DATA_DIR, Path),
-    ("heartbeat_file", env.HEARTBEAT_FILE, Path),
-    ("keep_last", env.KEEP_LAST, int),
-    ("every_steps", env.CKPT_EVERY_STEPS, int),
-    ("every_seconds", env.CKPT_EVERY_SECONDS, float),
-    ("hash_algorithm", env.HASH, str),
-)

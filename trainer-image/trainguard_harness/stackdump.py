@@ -14,7 +14,7 @@ import signal
 from pathlib import Path
 from typing import TextIO
 
-from trainguard_harness.settings import STACKS_FILENAME_PATTERN
+from trainguard.contract.env import PodEnv
 
 DUMP_SIGNAL = signal.SIGUSR1
 
@@ -24,7 +24,7 @@ _dump_file: TextIO | None = None
 
 def stacks_path(state_dir: str | os.PathLike[str], pid: int) -> Path:
     """Where process `pid` dumps its stacks."""
-    return Path(state_dir) / STACKS_FILENAME_PATTERN.format(pid=pid)
+    return PodEnv(state_dir=Path(state_dir)).stacks_file(pid)
 
 
 def install_stack_dumps(state_dir: str | os.PathLike[str]) -> Path:

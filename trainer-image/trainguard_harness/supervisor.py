@@ -39,8 +39,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from trainguard.api import env
-from trainguard.api.spec import Recovery
+from trainguard.contract import env
+from trainguard.contract.env import PodEnv
+from trainguard.contract.files import GPU_FILENAME
 from trainguard_harness.gpu_publisher import GpuPublisher
 from trainguard_harness.settings import HarnessSettings
 
@@ -233,10 +234,9 @@ def recovery_defaults(environ: dict[str, str]) -> tuple[int, float, float]:
     in place wait the run's back-off, the same delays the operator keeps between attempts.
     Without it (run by hand), the command line's defaults apply.
     """
-    raw = environ.get(env.RECOVERY)
-    if not raw:
+    if not environ.get(env.RECOVERY):
         return DEFAULT_MAX_RESTARTS, DEFAULT_BACKOFF_S, DEFAULT_BACKOFF_MAX_S
-    recovery = Recovery.model_validate(json.loads(raw))
+    recovery = PodEnv.from_env(environ).recovery
     backoff = recovery.backoff
     return recovery.max_restarts, float(backoff.initial_seconds), float(backoff.max_seconds)
 
@@ -308,7 +308,7 @@ def main(argv: list[str]) -> int:
     if not args.no_gpu:
         settings = HarnessSettings.from_env()
         gpu_file = args.gpu_file or Path(
-            os.environ.get(env.GPU_FILE) or settings.state_dir / env.GPU_FILENAME
+            os.environ.get(env.GPU_FILE) or settings.state_dir / GPU_FILENAME
         )
         publisher = GpuPublisher(gpu_file, supervisor.child_alive)
         publisher.start()

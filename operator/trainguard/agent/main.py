@@ -18,14 +18,11 @@ import re
 import signal
 import sys
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from trainguard.agent import steps
-from trainguard.agent.layers import open_layer
-from trainguard.agent.shipper import RESTORE_FILENAME, Shipper, layers_from_env
+from trainguard.agent.shipper import Shipper
 from trainguard.agent.signals import Collector, newest_saved_step
 from trainguard.agent.verdicts import (
     DEAD,
@@ -36,8 +33,11 @@ from trainguard.agent.verdicts import (
     Verdict,
     classify,
 )
-from trainguard.api import constants, env
-from trainguard.api.spec import DEFAULT_FLUSH_TIMEOUT_SECONDS, Monitor
+from trainguard.api import constants
+from trainguard.contract import env, reports
+from trainguard.contract.env import PodEnv
+from trainguard.contract.files import RESTORE_FILENAME, read_restore_report
+from trainguard.layers import LayerConfig, open_layer
 
 ANNOTATION_LAYERS = constants.ANNOTATION_LAYERS
 ANNOTATION_RESTORED = constants.ANNOTATION_RESTORED
@@ -56,20 +56,6 @@ def log(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {LOG_PREFIX}: {message}", flush=True)
 
 
-def thresholds_from_monitor(monitor: Monitor) -> Thresholds:
-    """The classifier's bounds from the run's `spec.monitor`."""
-    return Thresholds(
-        hang_after_s=monitor.hang_after_seconds,
-        slow_after_s=monitor.slow_after_seconds,
-        io_stuck_after_s=monitor.io_stuck_after_seconds,
-        min_tokens_per_s=monitor.min_tokens_per_second or 0.0,
-        ghost_mib=monitor.ghost_memory.threshold_mib,
-        ghost_ratio=monitor.ghost_memory.ratio,
-        release_after_death_s=monitor.ghost_memory.release_timeout_seconds,
-        startup_grace_s=monitor.startup_grace_seconds,
-    )
-
-
 def compact_evidence(verdict: Verdict) -> str:
     """The verdict's reason and evidence as JSON, cut to fit an annotation."""
     data = {"reason": verdict.reason, **verdict.evidence}
@@ -78,52 +64,6 @@ def compact_evidence(verdict: Verdict) -> str:
         data["reason"] = data["reason"][: len(data["reason"]) // 2] + "..."
         text = json.dumps(data, separators=(",", ":"))
     return text
-
-
-def flush_timeout_from_env(environ: dict[str, str]) -> float:
-    """The bound on the flush before exit: `spec.checkpoints.flushTimeoutSeconds`."""
-    raw = environ.get(env.FLUSH_TIMEOUT_SECONDS)
-    if not raw:
-        return float(DEFAULT_FLUSH_TIMEOUT_SECONDS)
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        # A bad value must not stop the agent (it never crash-loops): say so, use the default.
-        log(
-            f"{env.FLUSH_TIMEOUT_SECONDS}={raw!r} is not a positive number of seconds; "
-            f"flushing for at most {DEFAULT_FLUSH_TIMEOUT_SECONDS}s"
-        )
-        return float(DEFAULT_FLUSH_TIMEOUT_SECONDS)
-    return value
-
-
-@dataclass
-class Paths:
-    """Where the agent reads its signals (from the env contract)."""
-
-    state: Path
-    heartbeat: Path
-    gpu: Path
-    l1: Path
-    log: Path | None
-
-    def stacks(self, pid: int) -> Path:
-        """Where the harness dumps the stacks of trainer process `pid`."""
-        return self.state / env.STACKS_FILENAME_PATTERN.format(pid=pid)
-
-    @classmethod
-    def from_env(cls, environ: dict[str, str]) -> Paths:
-        """Resolve every path from the environment, with the contract's defaults."""
-        state = Path(environ.get(env.STATE_DIR, env.DEFAULT_STATE_DIR))
-        return cls(
-            state=state,
-            heartbeat=Path(environ.get(env.HEARTBEAT_FILE, str(state / env.HEARTBEAT_FILENAME))),
-            gpu=Path(environ.get(env.GPU_FILE, str(state / env.GPU_FILENAME))),
-            l1=Path(environ.get(env.L1_DIR, env.DEFAULT_L1_DIR)),
-            log=Path(environ[env.LOG_FILE]) if environ.get(env.LOG_FILE) else None,
-        )
 
 
 def _frame_path(match: re.Match[str]) -> str:
@@ -204,28 +144,28 @@ class Agent:
         self, environ: dict[str, str], client: Any, shipper: Shipper | None = None
     ) -> None:
         self.environ = environ
+        self.pod = PodEnv.from_env(environ)
         self.client = client
         self.shipper = shipper
-        self.paths = Paths.from_env(environ)
         self.pending_events: list[tuple[str, str, bool]] = []
         self.restored = ""
         self.note_restore()
-        # Parsed by the API's own model: the same defaults and bounds as the CRD.
-        monitor = Monitor.model_validate(json.loads(environ.get(env.MONITOR) or "{}"))
+        # The API's own model: the same defaults and bounds as the CRD.
+        monitor = self.pod.monitor
         self.interval = float(monitor.interval_seconds)
-        self.thresholds = thresholds_from_monitor(monitor)
+        self.thresholds = Thresholds.from_monitor(monitor)
         self.lease_duration = int(monitor.lease_duration_seconds)
-        self.flush_timeout = flush_timeout_from_env(environ)
-        marker = f"{env.L1_DIR}={self.paths.l1}".encode()
+        self.flush_timeout = self.pod.flush_timeout_seconds
+        marker = f"{env.L1_DIR}={self.pod.l1_dir}".encode()
         self.collector = Collector(
-            heartbeat_file=self.paths.heartbeat,
-            gpu_file=self.paths.gpu,
-            l1_dir=self.paths.l1,
-            log_file=self.paths.log,
+            heartbeat_file=self.pod.heartbeat,
+            gpu_file=self.pod.gpu,
+            l1_dir=self.pod.l1_dir,
+            log_file=self.pod.log_file,
             marker=marker,
             gpu_stale_s=max(5.0, 5 * self.interval),
             released_mib=self.thresholds.released_mib,
-            supervisor_file=self.paths.state / env.SUPERVISOR_FILENAME,
+            supervisor_file=self.pod.supervisor_file,
         )
         self.verdict: Verdict | None = None
         self.killed_pid: int | None = None
@@ -239,7 +179,8 @@ class Agent:
 
         The agent is a native sidecar: it starts before the restore step has run.
         """
-        self.restored = _read_restore(self.paths.state)
+        report = read_restore_report(self.pod.report_file(RESTORE_FILENAME))
+        self.restored = "" if report is None else report.line()
         if self.restored:
             log(self.restored)
             self.pending_events.append(("Restored", self.restored, False))
@@ -270,7 +211,7 @@ class Agent:
         self.verdict = verdict
         if verdict.name == HUNG and pid is not None and pid != self.killed_pid:
             self.killed_pid = pid
-            dump = dump_stacks(pid, self.paths.stacks(pid))
+            dump = dump_stacks(pid, self.pod.stacks_file(pid))
             log(f"stacks of hung trainer pid {pid}:\n{dump}")
             self.pending_events.append(("HungTrainerStacks", shorten_dump(dump), True))
             # The verdict and the dump reach the Lease and an Event before the kill.
@@ -283,7 +224,7 @@ class Agent:
 
     def annotations(self, verdict: Verdict) -> dict[str, str]:
         """The Lease annotations for one renewal."""
-        saved = newest_saved_step(self.paths.l1)
+        saved = newest_saved_step(self.pod.l1_dir)
         extra = {}
         if self.shipper is not None:
             layers = {
@@ -294,7 +235,7 @@ class Agent:
         if self.restored:
             extra[ANNOTATION_RESTORED] = self.restored
         # The init steps' progress and results, for the run's status (live during staging).
-        extra.update(steps.lease_annotations(self.paths.state, self.environ.get(env.ATTEMPT)))
+        extra.update(reports.lease_annotations(self.pod.state_dir, self.pod.attempt))
         return {
             **extra,
             constants.ANNOTATION_VERDICT: verdict.name,
@@ -356,46 +297,34 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="trainguard agent", description=__doc__)
     parser.parse_args(argv)
     environ = dict(os.environ)
-    from trainguard.k8s.agent_client import AgentApiError, AgentClient, RunRef
+    from trainguard.agent.kube import AgentApiError, AgentClient, RunRef
 
+    pod = PodEnv.from_env(environ)
     run = RunRef(
-        namespace=environ.get(env.NAMESPACE, "default"),
-        name=environ.get(env.RUN_NAME, ""),
-        uid=environ.get(env.RUN_UID, ""),
+        namespace=pod.namespace,
+        name=pod.run_name,
+        uid=pod.run_uid,
         api_version=constants.API_VERSION,
         kind=constants.KIND,
     )
     if not run.name:
         print(f"trainguard agent: {env.RUN_NAME} is not set", file=sys.stderr)
         return 2
-    lease = environ.get(env.LEASE_NAME, f"{run.name}-heartbeat")
-    holder = environ.get(env.POD_NAME, os.uname().nodename)
+    holder = pod.pod_name or os.uname().nodename
     while True:
         try:
-            client = AgentClient(run, lease, holder)
+            client = AgentClient(run, pod.lease, holder)
             break
         except AgentApiError as err:
             log(f"{err}; retrying in 5s")
             time.sleep(5)
-    paths = Paths.from_env(environ)
-    layers = [open_layer(cfg, environ) for cfg in layers_from_env(environ)]
-    shipper = Shipper(paths.l1, layers) if layers else None
+    layers = [open_layer(LayerConfig.from_spec(layer), environ) for layer in pod.layers]
+    shipper = Shipper(pod.l1_dir, layers) if layers else None
     if shipper is not None:
         shipper.start()
     log(f"watching run {run.namespace}/{run.name} as {holder}; {len(layers)} remote layers")
     Agent(environ, client, shipper).run()
     return 0
-
-
-def _read_restore(state: Path) -> str:
-    """A one-line account of what the restore step did, if it ran."""
-    try:
-        data = json.loads((state / RESTORE_FILENAME).read_text())
-    except (OSError, ValueError):
-        return ""
-    if data.get("step") is None:
-        return "no checkpoint to restore: started fresh"
-    return f"restored step {data['step']} from layer {data['from_layer']}"
 
 
 def classify_unknown() -> Verdict:

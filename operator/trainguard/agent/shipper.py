@@ -1,4 +1,4 @@
-"""Ship verified L1 checkpoints to the remote layers in the background, and restore from them.
+"""Ship verified L1 checkpoints to the remote layers in the background.
 
 `Shipper` runs in the agent: it never touches the training process, checks each new L1
 checkpoint once (sizes and hashes), ships it to every layer whose cadence allows, verifies the
@@ -8,36 +8,27 @@ Layers upload in parallel, at most `max_concurrent` at once, and all together st
 optional bandwidth cap (bytes per second, shared, so the node's uplink is left to training's
 own traffic). `flush` ships the newest checkpoint now, with a bounded wait, before a deliberate
 pod deletion.
-
-`restore` (the `trainguard restore` init step) picks the newest checkpoint that verifies
-across L1 and every full-content layer, preferring the cheapest source among equal steps, and
-brings it into L1.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.agent.layers import COST, Layer, LayerConfig, LayerError, open_layer
-from trainguard.api import env
-from trainguard.ckpt import Contents, scan, verify
+from trainguard.ckpt import scan, verify
+from trainguard.layers import Layer, LayerError
 
 PENDING = "pending"
 UPLOADING = "uploading"
 VERIFIED = "verified"
 FAILED = "failed"
-RESTORE_FILENAME = "restore.json"
 MAX_RETRY_S = 60.0
 DEFAULT_MAX_CONCURRENT = 2
 # A burst of this many seconds of the cap may go out at once; one upload chunk (a few MiB)
@@ -101,22 +92,6 @@ class _Progress:
             self._shipper._states[self._name].bytes_done += nbytes
         if sent and self._shipper.limiter is not None:
             self._shipper.limiter.take(nbytes)
-
-
-def layers_from_env(environ: Mapping[str, str]) -> list[LayerConfig]:
-    """The run's remote layers from TRAINGUARD_LAYERS (the spec's layer list, camelCase)."""
-    raw = json.loads(environ.get(env.LAYERS) or "[]")
-    return [
-        LayerConfig(
-            name=str(item["name"]),
-            uri=str(item["uri"]),
-            contents=str(item.get("contents", "full")),
-            every_steps=int(item.get("everySteps", 0)),
-            every_seconds=float(item.get("everySeconds", 0)),
-            keep=int(item.get("keep", 2)),
-        )
-        for item in raw
-    ]
 
 
 class Shipper(threading.Thread):
@@ -256,69 +231,3 @@ class Shipper(threading.Thread):
         """Stop the loop."""
         self._stopping.set()
         self._wake.set()
-
-
-@dataclass(frozen=True)
-class RestoreResult:
-    """What `restore` did."""
-
-    step: int | None
-    from_layer: str | None
-    skipped: tuple[str, ...] = ()
-
-
-def restore(l1: Path, layers: list[Layer]) -> RestoreResult:
-    """Bring the newest checkpoint that verifies (L1 or any full layer) into L1."""
-    candidates: list[tuple[int, int, str, Layer | None]] = []
-    skipped: list[str] = []
-    local = scan(l1) if l1.exists() else None
-    if local is not None:
-        for v in local.valid:
-            if v.step is not None:
-                candidates.append((v.step, COST["l1"], "l1", None))
-        skipped += [f"l1 {v.path.name}: {'; '.join(v.reasons)}" for v in local.invalid]
-    for layer in layers:
-        if layer.config.contents != Contents.FULL.value:
-            continue  # weights alone cannot resume optimizer and data position
-        try:
-            steps = layer.steps()
-        except (LayerError, OSError) as err:
-            skipped.append(f"{layer.config.name}: {err}")
-            continue
-        cost = COST.get(layer.config.scheme, 9)
-        candidates += [(step, cost, layer.config.name, layer) for step in steps]
-    # Newest step first; among equal steps the cheapest source.
-    for step, _, name, source in sorted(candidates, key=lambda c: (-c[0], c[1])):
-        if source is None:
-            return RestoreResult(step, name, tuple(skipped))
-        problems = source.verify(step)
-        if problems:
-            skipped.append(f"{name} step {step}: {'; '.join(problems)[:200]}")
-            continue
-        try:
-            source.fetch(step, l1)
-        except (LayerError, OSError) as err:
-            skipped.append(f"{name} step {step}: {err}")
-            continue
-        return RestoreResult(step, name, tuple(skipped))
-    return RestoreResult(None, None, tuple(skipped))
-
-
-def main(argv: list[str]) -> int:
-    """Entry point of `trainguard restore` (an init step of the training pod)."""
-    argparse.ArgumentParser(prog="trainguard restore", description=__doc__).parse_args(argv)
-    environ = dict(os.environ)
-    l1 = Path(environ.get(env.L1_DIR, env.DEFAULT_L1_DIR))
-    state = Path(environ.get(env.STATE_DIR, env.DEFAULT_STATE_DIR))
-    l1.mkdir(parents=True, exist_ok=True)
-    layers = [open_layer(cfg, environ) for cfg in layers_from_env(environ)]
-    result = restore(l1, layers)
-    for line in result.skipped:
-        print(f"trainguard restore: skipped invalid {line}", flush=True)
-    if result.step is None:
-        print("trainguard restore: no checkpoint anywhere; training starts fresh", flush=True)
-    else:
-        print(f"trainguard restore: step {result.step} from layer {result.from_layer}", flush=True)
-    state.mkdir(parents=True, exist_ok=True)
-    (state / RESTORE_FILENAME).write_text(json.dumps(asdict(result)))
-    return 0

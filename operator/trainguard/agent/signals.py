@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.agent import gpu
+from trainguard import gpu
 from trainguard.agent.verdicts import Signals
 from trainguard.ckpt import MANIFEST_FILENAME, parse_step_dirname
 

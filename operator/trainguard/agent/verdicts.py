@@ -10,15 +10,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainguard.api import constants
 from trainguard.api.constants import EVIDENCE_CAUSE, Reason
+from trainguard.api.spec import (
+    DEFAULT_GHOST_RATIO,
+    DEFAULT_GHOST_THRESHOLD_MIB,
+    DEFAULT_GPU_RELEASE_SECONDS,
+    DEFAULT_HANG_AFTER_SECONDS,
+    DEFAULT_IO_STUCK_AFTER_SECONDS,
+    DEFAULT_SLOW_AFTER_SECONDS,
+    DEFAULT_STARTUP_GRACE_SECONDS,
+    Monitor,
+)
 
-HEALTHY = "Healthy"
-SLOW = "Slow"
-HUNG = "Hung"
-DEAD = "Dead"
-GHOST_MEMORY = "GhostMemory"
-IO_STUCK = "IOStuck"
-UNKNOWN = "Unknown"  # nothing to judge yet (trainer not started)
+HEALTHY = constants.Verdict.HEALTHY.value
+SLOW = constants.Verdict.SLOW.value
+HUNG = constants.Verdict.HUNG.value
+DEAD = constants.Verdict.DEAD.value
+GHOST_MEMORY = constants.Verdict.GHOST_MEMORY.value
+IO_STUCK = constants.Verdict.IO_STUCK.value
+UNKNOWN = "Unknown"  # nothing to judge yet (trainer not started); never in the API
 
 VERDICTS = (HEALTHY, SLOW, HUNG, DEAD, GHOST_MEMORY, IO_STUCK, UNKNOWN)
 # Memory not released after a death is a GhostMemory verdict whose evidence names the
@@ -28,19 +39,33 @@ NOT_RELEASED = Reason.GPU_MEMORY_NOT_RELEASED.value
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Bounds from the TrainingRun's `spec.monitor` (defaults as in the API)."""
+    """Bounds from the TrainingRun's `spec.monitor` (`from_monitor`); defaults are the API's."""
 
-    hang_after_s: float = 300.0
-    slow_after_s: float = 120.0
-    io_stuck_after_s: float = 60.0
+    hang_after_s: float = DEFAULT_HANG_AFTER_SECONDS
+    slow_after_s: float = DEFAULT_SLOW_AFTER_SECONDS
+    io_stuck_after_s: float = DEFAULT_IO_STUCK_AFTER_SECONDS
     min_tokens_per_s: float = 0.0
-    ghost_mib: float = 2048.0
-    ghost_ratio: float = 1.5
-    release_after_death_s: float = 10.0
+    ghost_mib: float = DEFAULT_GHOST_THRESHOLD_MIB
+    ghost_ratio: float = DEFAULT_GHOST_RATIO
+    release_after_death_s: float = DEFAULT_GPU_RELEASE_SECONDS
     expected_processes: int = 1
-    startup_grace_s: float = 0.0
+    startup_grace_s: float = DEFAULT_STARTUP_GRACE_SECONDS
     # GPU memory at or below this counts as "released" (driver and CUDA context overhead).
     released_mib: float = 512.0
+
+    @classmethod
+    def from_monitor(cls, monitor: Monitor) -> Thresholds:
+        """The classifier's bounds from the run's `spec.monitor`."""
+        return cls(
+            hang_after_s=monitor.hang_after_seconds,
+            slow_after_s=monitor.slow_after_seconds,
+            io_stuck_after_s=monitor.io_stuck_after_seconds,
+            min_tokens_per_s=monitor.min_tokens_per_second or 0.0,
+            ghost_mib=monitor.ghost_memory.threshold_mib,
+            ghost_ratio=monitor.ghost_memory.ratio,
+            release_after_death_s=monitor.ghost_memory.release_timeout_seconds,
+            startup_grace_s=monitor.startup_grace_seconds,
+        )
 
 
 @dataclass(frozen=True)

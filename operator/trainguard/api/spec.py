@@ -21,7 +21,6 @@ from trainguard.api.constants import (
     TaintEffect,
     TolerationOperator,
 )
-from trainguard.api.env import DEFAULT_DATA_DIR, DEFAULT_L1_DIR
 from trainguard.api.types import (
     FILE_URI_PREFIX,
     HF_URI_PREFIX,
@@ -40,6 +39,9 @@ from trainguard.api.types import (
 
 # Defaults (DESIGN.md; the cadence of 50 steps is the one that lost 22 steps in incident 2,
 # kept because a lost step costs less than a blocked one for typical runs).
+# Where the pod mounts L1 and the local data copy unless the spec says otherwise.
+DEFAULT_L1_DIR = "/trainguard/l1"
+DEFAULT_DATA_DIR = "/trainguard/data"
 DEFAULT_EVERY_STEPS = 50
 DEFAULT_KEEP_LAST = 2
 DEFAULT_REMOTE_KEEP = 2

@@ -1,8 +1,8 @@
 """The TrainingRun status: what the operator observed, as `kubectl get tr` and Argo CD see it.
 
 Only the operator writes it. Conditions have the metav1.Condition shape; `phase` is derived
-from them (trainguard.status). Times serialize as RFC 3339 UTC with second precision, like
-metav1.Time.
+from them (trainguard.operator.conditions). Times serialize as RFC 3339 UTC with second
+precision, like metav1.Time.
 """
 
 from __future__ import annotations

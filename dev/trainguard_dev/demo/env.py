@@ -1,0 +1,182 @@
+"""What `trainguard demo` sets up on the local control plane before the run starts.
+
+The generated CRD; the operator's identity exactly as the Helm chart grants it (the chart's
+ServiceAccount and RBAC, rendered by the pinned helm and applied, and a kubeconfig holding
+only that ServiceAccount's token); the operator as a local process watching the demo's
+namespace; the run's data (synthetic token shards) and a directory standing for its remote
+layer; and the run itself, from ``examples/demo.yaml`` with the demo's own paths.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainguard.api.constants import CRD_NAME
+from trainguard_dev import crdgen
+from trainguard_dev.cluster.cluster import Cluster, ClusterError
+
+Obj = dict[str, Any]
+
+RELEASE = "trainguard"
+OPERATOR_NAMESPACE = "trainguard-system"
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+FIELD_MANAGER = "trainguard-demo"
+TOKEN_DURATION = "24h"
+# The operator re-reads every run this often: short, so the demo never waits on a resync.
+RESYNC_SECONDS = "3"
+# Procnode ignores images; the agent and init steps run from this installation.
+AGENT_IMAGE = "trainguard:demo"
+STOP_SECONDS = 10.0
+SHARD_ARGS = ("--shards", "2", "--tokens", "100000", "--vocab-size", "256", "--seed", "1")
+HELM_TIMEOUT_SECONDS = 120
+
+
+def source_tree() -> Path:
+    """The repository root: the demo needs its chart and example manifest."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / "charts" / "trainguard" / "Chart.yaml").exists():
+        raise ClusterError(
+            "trainguard demo runs from the trainguard source tree (it uses charts/trainguard "
+            "and examples/demo.yaml); run it as ./hack/demo.sh from a clone"
+        )
+    return root
+
+
+def install_crd(cluster: Cluster) -> None:
+    """Apply the CRD generated from the API models and wait until it is Established."""
+    cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}",
+        "-f", "-", input=crdgen.crd_yaml(),
+    )  # fmt: skip
+    cluster.kubectl(
+        "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s", timeout=90
+    )
+
+
+def ensure_namespace(cluster: Cluster, name: str) -> None:
+    """Create the namespace unless it exists."""
+    manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+
+def chart_rbac(repo: Path, helm: Path, watch_namespace: str) -> list[Obj]:
+    """The chart's ServiceAccount and RBAC for an operator watching one namespace."""
+    if not helm.exists():
+        raise ClusterError(f"helm is missing in {helm.parent}; run ./hack/setup.sh first")
+    values = {"operator": {"watchNamespaces": [watch_namespace]}}
+    result = subprocess.run(
+        [str(helm), "template", RELEASE, str(repo / "charts" / "trainguard"),
+         "--namespace", OPERATOR_NAMESPACE, "--values", "-"],
+        input=yaml.safe_dump(values), capture_output=True, text=True,
+        timeout=HELM_TIMEOUT_SECONDS, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise ClusterError(f"helm template of charts/trainguard failed:\n{result.stderr}")
+    objects = [o for o in yaml.safe_load_all(result.stdout) if o and o["kind"] in RBAC_KINDS]
+    for obj in objects:
+        if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding"):
+            obj["metadata"].setdefault("namespace", OPERATOR_NAMESPACE)
+    return objects
+
+
+def token_kubeconfig(
+    cluster: Cluster, namespace: str, account: str, path: Path, duration: str = TOKEN_DURATION
+) -> Path:
+    """Write a kubeconfig that authenticates with one ServiceAccount's token only."""
+    token = cluster.kubectl(
+        "create", "token", account, "-n", namespace, f"--duration={duration}"
+    ).stdout.strip()
+    admin = json.loads(cluster.kubeconfig.read_text())
+    server = admin["clusters"][0]["name"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": admin["clusters"],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": server, "user": account}}],
+        "current-context": "operator",
+    }
+    path.write_text(json.dumps(config))
+    path.chmod(0o600)
+    return path
+
+
+def operator_identity(
+    cluster: Cluster, repo: Path, namespace: str, workdir: Path
+) -> tuple[str, Path]:
+    """Apply the chart's RBAC for `namespace`; return its ServiceAccount and token kubeconfig."""
+    ensure_namespace(cluster, OPERATOR_NAMESPACE)
+    objects = chart_rbac(repo, cluster.bin_dir / "helm", namespace)
+    cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}",
+        "-f", "-", input=yaml.safe_dump_all(objects),
+    )  # fmt: skip
+    (account,) = [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"]
+    path = token_kubeconfig(cluster, OPERATOR_NAMESPACE, account, workdir / "operator-kubeconfig")
+    return account, path
+
+
+class OperatorProcess:
+    """`trainguard operator` as a local process, its output in a log file."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the operator, watching the demo's namespace only."""
+        argv = [
+            sys.executable, "-m", "trainguard.cli.main", "operator",
+            "--kubeconfig", str(self.kubeconfig), "--namespace", self.namespace,
+            "--resync-seconds", RESYNC_SECONDS, "--agent-image", AGENT_IMAGE,
+        ]  # fmt: skip
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+    def alive(self) -> bool:
+        """Whether the operator process is running."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not exit in time (idempotent)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=STOP_SECONDS)
+
+
+def make_shards(out: Path) -> Path:
+    """A few synthetic token shards (reused when a previous demo wrote them completely)."""
+    if out.is_dir():
+        return out
+    partial = out.with_name(out.name + ".partial")
+    subprocess.run(
+        [sys.executable, "-m", "trainguard_harness.shards", "--out", str(partial), *SHARD_ARGS],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    partial.rename(out)
+    return out
+
+
+def demo_run(repo: Path, name: str, shards: Path, remote: Path) -> Obj:
+    """examples/demo.yaml with the demo's run name, data source and remote layer."""
+    run: Obj = yaml.safe_load((repo / "examples" / "demo.yaml").read_text())
+    run["metadata"]["name"] = name
+    spec = run["spec"]
+    spec["data"]["source"]["uri"] = f"file://{shards}"
+    (layer,) = spec["checkpoints"]["remote"]
+    layer["uri"] = f"file://{remote}"
+    return run

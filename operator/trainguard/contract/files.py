@@ -1,0 +1,115 @@
+"""The shared state directory of a training pod: every file's name, its writer and its reader.
+
+The state volume (an in-memory emptyDir, `PodEnv.state_dir`) is mounted into every container
+of the pod. What each file is, who writes it and who reads it:
+
+| file | written by | read by |
+|---|---|---|
+| `heartbeat.json` | the harness (`trainguard_harness.heartbeat`) | the agent (`agent.signals`) |
+| `gpu.json` | the supervisor (`trainguard.gpu.publish`) | the agent (`gpu.read_published`) |
+| `supervisor.json` (next to the heartbeat) | the supervisor | the agent |
+| `stacks-<pid>.txt` | the harness, on SIGUSR1 (faulthandler) | the agent, for the hang Event |
+| `preflight.json` | `trainguard preflight` | the agent (`trainguard.contract.reports`) |
+| `staging.json` | `trainguard stage-data` | the agent (`trainguard.contract.reports`) |
+| `restore.json` | `trainguard restore` | the agent (`read_restore_report`) |
+
+Paths come from `PodEnv` (`heartbeat`, `gpu`, `supervisor_file`, `stacks_file`,
+`report_file`); the names are defined here and nowhere else. Every writer replaces its file
+atomically (`write_atomic`), so a reader never sees half of one and `read_json` returns None
+only while a file does not exist yet or is not JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+HEARTBEAT_FILENAME = "heartbeat.json"
+GPU_FILENAME = "gpu.json"
+SUPERVISOR_FILENAME = "supervisor.json"
+STACKS_FILENAME_PATTERN = "stacks-{pid}.txt"
+PREFLIGHT_FILENAME = "preflight.json"
+STAGING_FILENAME = "staging.json"
+RESTORE_FILENAME = "restore.json"
+# The trainer's output, in the logs volume (not the state volume): `PodEnv.log_file`.
+LOG_FILENAME = "trainer.log"
+STATE_FILENAMES = (
+    HEARTBEAT_FILENAME,
+    GPU_FILENAME,
+    SUPERVISOR_FILENAME,
+    PREFLIGHT_FILENAME,
+    STAGING_FILENAME,
+    RESTORE_FILENAME,
+)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`: written under a temporary name, fsynced, renamed, dir fsynced."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Atomically replace `path` with `data` as indented JSON."""
+    write_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A state file's JSON object, or None when it is absent (not written yet) or not one."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    """What `trainguard restore` did: the step it brought into L1 and from which layer."""
+
+    step: int | None
+    from_layer: str | None
+    skipped: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        """A one-line account for the agent's log and the run's Events."""
+        if self.step is None:
+            return "no checkpoint to restore: started fresh"
+        return f"restored step {self.step} from layer {self.from_layer}"
+
+
+def write_restore_report(path: Path, report: RestoreReport) -> None:
+    """Leave the restore step's report in the state directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, asdict(report))
+
+
+def read_restore_report(path: Path) -> RestoreReport | None:
+    """The restore step's report, or None when the step did not run (or left nothing)."""
+    data = read_json(path)
+    if data is None:
+        return None
+    step = data.get("step")
+    layer = data.get("from_layer")
+    return RestoreReport(
+        step=step if isinstance(step, int) else None,
+        from_layer=str(layer) if layer else None,
+        skipped=tuple(str(line) for line in data.get("skipped") or ()),
+    )

@@ -1,0 +1,298 @@
+"""GPU memory as the driver sees it, behind one `GpuProbe` interface.
+
+Implementations:
+- `NvmlProbe` (the production default): NVML through pynvml — per GPU, device memory used
+  and total, utilisation, and the compute processes with the memory each holds. It looks only
+  at the pod's own GPUs, selected by the UUIDs the device plugin puts in
+  ``NVIDIA_VISIBLE_DEVICES``.
+- `SimulatedProbe`: for CPU-only tests and the demo, named as a simulator everywhere it is
+  used. It reads a per-node state file (injected ghost MiB, extra processes) and accounts for
+  the live trainer processes it is told about. It is chosen only when
+  ``TRAINGUARD_GPU_SIMULATION`` names that file, which only the local process-backed node
+  runtime sets; it is never a production default.
+- `UnavailableProbe`: no GPU and no simulation configured: readings say "unavailable" and
+  carry the reason; nothing is invented.
+
+Limits (documented because they shape the verdicts): NVML reports *host* PIDs, which differ
+from the pod's PID namespace, so the agent never matches PIDs; it reasons from memory totals,
+the framework's own figures and process counts. Memory held after the whole pod is gone is
+visible only to a node-level probe or to the next pod's preflight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from trainguard.contract import env
+
+SIMULATION_ENV = env.GPU_SIMULATION
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+MIB = 1024 * 1024
+
+SOURCE_NVML = "nvml"
+SOURCE_SIMULATED = "simulated"
+SOURCE_UNAVAILABLE = "unavailable"
+
+# What one simulated trainer process holds when its heartbeat reports no figure.
+SIMULATED_PROCESS_MIB = 2048.0
+SIMULATED_TOTAL_MIB = 143771.0
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU (host PID: never compare with pod PIDs).
+
+    `used_mib` is None where the driver cannot attribute memory per process.
+    """
+
+    pid: int
+    used_mib: float | None
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU's memory as the driver reports it."""
+
+    uuid: str
+    index: int
+    name: str
+    used_mib: float
+    total_mib: float
+    utilization_pct: float | None
+    processes: tuple[GpuProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """All of the pod's GPUs at one moment, or why they could not be read."""
+
+    source: str
+    time: float
+    gpus: tuple[GpuReading, ...] = ()
+    error: str | None = None
+
+    @property
+    def available(self) -> bool:
+        """True when the readings are real (or explicitly simulated) figures."""
+        return self.source != SOURCE_UNAVAILABLE
+
+    @property
+    def used_mib(self) -> float:
+        """Memory used on all the pod's GPUs."""
+        return sum(g.used_mib for g in self.gpus)
+
+    @property
+    def total_mib(self) -> float:
+        """Memory of all the pod's GPUs."""
+        return sum(g.total_mib for g in self.gpus)
+
+    @property
+    def unattributed_mib(self) -> float | None:
+        """Memory in use that no live process accounts for (None if a figure is missing).
+
+        This is ghost memory as the driver shows it: in one incident 141 of 143 GB were in
+        use with no process visible.
+        """
+        attributed = 0.0
+        for reading in self.gpus:
+            for process in reading.processes:
+                if process.used_mib is None:
+                    return None
+                attributed += process.used_mib
+        return max(0.0, self.used_mib - attributed)
+
+    @property
+    def process_count(self) -> int:
+        """Compute processes on the pod's GPUs."""
+        return sum(len(g.processes) for g in self.gpus)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the format published on the shared state volume)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GpuSnapshot:
+        """Parse what `to_json` wrote."""
+        gpus = tuple(
+            GpuReading(
+                uuid=str(g["uuid"]),
+                index=int(g["index"]),
+                name=str(g["name"]),
+                used_mib=float(g["used_mib"]),
+                total_mib=float(g["total_mib"]),
+                utilization_pct=None
+                if g.get("utilization_pct") is None
+                else float(g["utilization_pct"]),
+                processes=tuple(
+                    GpuProcess(
+                        int(p["pid"]), None if p["used_mib"] is None else float(p["used_mib"])
+                    )
+                    for p in g["processes"]
+                ),
+            )
+            for g in data.get("gpus", [])
+        )
+        return cls(str(data["source"]), float(data["time"]), gpus, data.get("error"))
+
+
+class GpuProbe(Protocol):
+    """Reads the pod's GPUs."""
+
+    def read(self) -> GpuSnapshot:
+        """Take one reading; never raises (a failure is an unavailable snapshot)."""
+        ...
+
+
+@dataclass
+class UnavailableProbe:
+    """No GPU to read: every snapshot says so, with the reason."""
+
+    reason: str
+
+    def read(self) -> GpuSnapshot:
+        """Report the GPU as unavailable."""
+        return GpuSnapshot(SOURCE_UNAVAILABLE, time.time(), error=self.reason)
+
+
+def visible_uuids(value: str | None) -> list[str] | None:
+    """GPU UUIDs from NVIDIA_VISIBLE_DEVICES; None means "every GPU NVML shows"."""
+    if not value or value in ("all", "void", "none"):
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    uuids = [v for v in items if v.startswith(("GPU-", "MIG-"))]
+    return uuids or None
+
+
+class NvmlProbe:
+    """GPU readings from the NVIDIA driver through pynvml."""
+
+    def __init__(self, uuids: Sequence[str] | None = None) -> None:
+        import pynvml
+
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        wanted = set(uuids) if uuids else None
+        self._devices: list[tuple[int, Any, str]] = []
+        for index, handle in enumerate(handles):
+            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            if wanted is None or uuid in wanted:
+                self._devices.append((index, handle, uuid))
+
+    def read(self) -> GpuSnapshot:
+        """Read memory, utilisation and compute processes of the pod's GPUs."""
+        nvml = self._nvml
+        try:
+            gpus = []
+            for index, handle, uuid in self._devices:
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                try:
+                    utilization: float | None = float(
+                        nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                    )
+                except nvml.NVMLError:
+                    utilization = None
+                processes = tuple(
+                    GpuProcess(
+                        int(p.pid), None if p.usedGpuMemory is None else p.usedGpuMemory / MIB
+                    )
+                    for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                )
+                gpus.append(
+                    GpuReading(
+                        uuid=uuid,
+                        index=index,
+                        name=_text(nvml.nvmlDeviceGetName(handle)),
+                        used_mib=memory.used / MIB,
+                        total_mib=memory.total / MIB,
+                        utilization_pct=utilization,
+                        processes=processes,
+                    )
+                )
+            return GpuSnapshot(SOURCE_NVML, time.time(), tuple(gpus))
+        except nvml.NVMLError as err:
+            return GpuSnapshot(SOURCE_UNAVAILABLE, time.time(), error=f"NVML: {err}")
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass
+class SimulatedProbe:
+    """A GPU simulator for CPU-only tests and the demo (never a production default).
+
+    The state file (JSON, all keys optional) describes the node's GPU:
+    ``{"gpus": 1, "total_mib": 143771, "ghost_mib": 0, "extra_processes": 0,
+    "extra_process_mib": 1024}``. Used memory is the live trainer processes' memory
+    (`live_processes` returns one figure in MiB per live trainer process) plus the ghost
+    memory that no process accounts for, plus the extra (foreign) processes.
+    """
+
+    state_file: Path
+    live_processes: Callable[[], list[float]] = field(default=lambda: [])
+
+    def read(self) -> GpuSnapshot:
+        """Simulate one reading from the node's state file and the live processes."""
+        try:
+            state = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
+        except (OSError, ValueError) as err:
+            return GpuSnapshot(SOURCE_UNAVAILABLE, time.time(), error=f"simulation: {err}")
+        total = float(state.get("total_mib", SIMULATED_TOTAL_MIB))
+        ghost = float(state.get("ghost_mib", 0.0))
+        extra = int(state.get("extra_processes", 0))
+        extra_mib = float(state.get("extra_process_mib", 1024.0))
+        live = self.live_processes()
+        processes = [GpuProcess(100000 + i, mib) for i, mib in enumerate(live)]
+        processes += [GpuProcess(200000 + i, extra_mib) for i in range(extra)]
+        used = sum(p.used_mib or 0.0 for p in processes) + ghost
+        gpus = [
+            GpuReading(
+                uuid=f"GPU-simulated-{i}",
+                index=i,
+                name="Simulated H200",
+                used_mib=used if i == 0 else 0.0,
+                total_mib=total,
+                utilization_pct=90.0 if live and i == 0 else 0.0,
+                processes=tuple(processes) if i == 0 else (),
+            )
+            for i in range(max(1, int(state.get("gpus", 1))))
+        ]
+        return GpuSnapshot(SOURCE_SIMULATED, time.time(), tuple(gpus))
+
+
+def default_probe(
+    environ: dict[str, str] | None = None,
+    live_processes: Callable[[], list[float]] | None = None,
+) -> GpuProbe:
+    """The probe for this container: simulated only when configured, else NVML, else none."""
+    variables = dict(os.environ if environ is None else environ)
+    simulation = variables.get(SIMULATION_ENV)
+    if simulation:
+        return SimulatedProbe(Path(simulation), live_processes or (lambda: []))
+    try:
+        return NvmlProbe(visible_uuids(variables.get(VISIBLE_DEVICES_ENV)))
+    except Exception as err:  # any NVML or loader failure means "no GPU here"
+        return UnavailableProbe(f"NVML not usable: {err}")
+
+
+def publish(snapshot: GpuSnapshot, path: Path) -> None:
+    """Atomically replace the readings file on the shared state volume."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(snapshot.to_json()))
+    os.replace(tmp, path)
+
+
+def read_published(path: Path) -> GpuSnapshot | None:
+    """The last published readings, or None when there are none (yet)."""
+    try:
+        return GpuSnapshot.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

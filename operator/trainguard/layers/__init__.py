@@ -1,0 +1,286 @@
+"""Remote checkpoint layers behind one interface: put, list, fetch, verify, prune.
+
+A layer lists a checkpoint only once the checkpoint's manifest is there, written last; every
+put is verified against the remote copy before the layer reports it. Backends by URI scheme:
+`file://` (a directory, e.g. a network volume used only as a backup destination) is here;
+`s3://`, `ssh://` and `hf://` live in this package's `s3`, `ssh` and `hf` modules (on the
+shared contract of `base`) and plug in through `open_layer`, which imports only the one in use.
+The agent ships through these layers and the `restore` init step reads from them.
+
+Where the destination directory of a `file://` layer is mounted is given to the agent by the
+pod contract (`trainguard.contract.env.layer_path_env`); without it the URI's path is used as
+is.
+
+Credentials come only from the layer's Secret (`credentialsSecret` in the spec). The operator
+mounts it read-only into the agent and the restore step, one file per key (the key names are
+`SECRET_KEY_*` in `trainguard.api.constants`), and names the directory in the pod contract's
+`layer_secrets_env` variable. A layer without that variable has no
+Secret: an `s3://` layer then uses the pod's identity (boto3's default credential chain).
+Credential values never reach logs, status, Events or exception messages: every error a
+remote layer raises passes through `Credentials.redact`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlparse
+
+from trainguard.api.constants import (
+    SECRET_KEY_S3_ENDPOINT_URL,
+    SECRET_KEY_SSH_KNOWN_HOSTS,
+    UriScheme,
+)
+from trainguard.api.spec import DEFAULT_REMOTE_KEEP, RemoteLayer
+from trainguard.ckpt import (
+    MANIFEST_FILENAME,
+    Contents,
+    FileEntry,
+    copy_checkpoint,
+    parse_step_dirname,
+    prune,
+    step_dirname,
+    verify,
+)
+from trainguard.contract.env import layer_path_env, layer_secrets_env
+
+REDACTED = "***"
+# Keys a credentials Secret may hold that are not secret: an error may name them.
+NOT_SECRET_KEYS = frozenset({SECRET_KEY_S3_ENDPOINT_URL, SECRET_KEY_SSH_KNOWN_HOSTS})
+# Shorter values (a region, "true") would turn ordinary words of a message into the placeholder.
+MIN_REDACTED_LENGTH = 6
+# The harness names the model component's file(s) model*.safetensors.
+WEIGHTS_PREFIX = "model"
+# Cost rank of a source when restoring: among equal steps the cheapest wins.
+COST = {"l1": 0, "file": 1, "s3": 2, "ssh": 3, "hf": 4}
+
+
+class LayerError(RuntimeError):
+    """A layer operation failed (the message names the layer and the cause)."""
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """One remote layer as the run's spec declares it (`from_spec`); tests build them by hand."""
+
+    name: str
+    uri: str
+    contents: str = Contents.FULL.value
+    every_steps: int = 0
+    every_seconds: float = 0.0
+    keep: int = DEFAULT_REMOTE_KEEP
+
+    @classmethod
+    def from_spec(cls, layer: RemoteLayer) -> LayerConfig:
+        """The layer of `spec.checkpoints.remote`, as the pod contract hands it over."""
+        return cls(
+            name=layer.name,
+            uri=layer.uri,
+            contents=layer.contents.value,
+            every_steps=layer.every_steps,
+            every_seconds=float(layer.every_seconds),
+            keep=layer.keep,
+        )
+
+    @property
+    def scheme(self) -> str:
+        """The URI's scheme."""
+        return urlparse(self.uri).scheme
+
+
+class Transfer(Protocol):
+    """Where a layer reports the progress of one put; `advance` may block to cap bandwidth."""
+
+    def begin(self, total_bytes: int) -> None:
+        """The put will move (or find already there) `total_bytes`."""
+        ...
+
+    def advance(self, nbytes: int, *, sent: bool = True) -> None:
+        """`nbytes` more are done; `sent=False` when they were already on the layer (resumed)."""
+        ...
+
+
+class NoTransfer:
+    """A `Transfer` that records nothing and never waits."""
+
+    def begin(self, total_bytes: int) -> None:
+        """Nothing to record."""
+
+    def advance(self, nbytes: int, *, sent: bool = True) -> None:
+        """Nothing to record."""
+
+
+class Layer(Protocol):
+    """A place checkpoints are shipped to and restored from."""
+
+    config: LayerConfig
+
+    def steps(self) -> list[int]:
+        """Steps whose checkpoint is complete on the layer (manifest present), ascending."""
+        ...
+
+    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> None:
+        """Upload a verified local checkpoint and verify the remote copy."""
+        ...
+
+    def fetch(self, step: int, dest_root: Path) -> Path:
+        """Download one checkpoint into `dest_root` (verified); return its directory."""
+        ...
+
+    def verify(self, step: int) -> list[str]:
+        """Problems of the remote copy (empty when it verifies)."""
+        ...
+
+    def prune(self, keep: int) -> list[int]:
+        """Delete all but the newest `keep` verified checkpoints; return the steps deleted."""
+        ...
+
+
+class Credentials:
+    """The keys of one layer's credentials Secret, read from its mounted directory.
+
+    Its repr names the keys, never the values, and `redact` scrubs the values out of any text
+    before it can reach a log, the status or an exception message.
+    """
+
+    def __init__(self, values: Mapping[str, str], directory: Path | None = None) -> None:
+        self._values = dict(values)
+        self._directory = directory
+
+    @classmethod
+    def from_env(cls, name: str, environ: Mapping[str, str]) -> Credentials:
+        """The Secret of layer `name` as mounted by the operator (empty when it has none)."""
+        directory = environ.get(layer_secrets_env(name))
+        if not directory:
+            return cls({})
+        root = Path(directory)
+        if not root.is_dir():
+            raise LayerError(f"{name}: the credentials directory {root} is not mounted")
+        # A mounted Secret also holds hidden `..data` links; only the plain key files count.
+        values = {
+            path.name: path.read_text().strip()
+            for path in root.iterdir()
+            if not path.name.startswith(".") and path.is_file()
+        }
+        return cls(values, root)
+
+    def get(self, key: str) -> str | None:
+        """The value of `key`, or None when the Secret lacks it."""
+        return self._values.get(key) or None
+
+    def file(self, key: str) -> Path | None:
+        """The mounted file of `key` (for clients that read keys from files), if there is one."""
+        if self._directory is None or self.get(key) is None:
+            return None
+        return self._directory / key
+
+    def redact(self, text: str) -> str:
+        """`text` with every credential value (and every line of one) replaced by a placeholder."""
+        values = [v for k, v in self._values.items() if k not in NOT_SECRET_KEYS]
+        secrets = set(values)
+        secrets.update(line.strip() for value in values for line in value.splitlines())
+        for secret in sorted(secrets, key=len, reverse=True):
+            if len(secret) >= MIN_REDACTED_LENGTH:
+                text = text.replace(secret, REDACTED)
+        return text
+
+    def __repr__(self) -> str:
+        return f"Credentials(keys={sorted(self._values)})"
+
+
+class FileLayer:
+    """A directory layer (`file:///path`)."""
+
+    def __init__(self, config: LayerConfig, root: Path) -> None:
+        self.config = config
+        self.root = root
+
+    def steps(self) -> list[int]:
+        """Complete checkpoints in the directory."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for entry in self.root.iterdir():
+            step = parse_step_dirname(entry.name)
+            if step is not None and (entry / MANIFEST_FILENAME).exists():
+                found.append(step)
+        return sorted(found)
+
+    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> None:
+        """Copy with verification; a weights layer gets the weight files only."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        manifest = verify(checkpoint, check_hashes=False).manifest
+        if manifest is None:
+            raise LayerError(f"{self.config.name}: {checkpoint} has no valid manifest")
+        if (self.root / step_dirname(manifest.step) / MANIFEST_FILENAME).exists():
+            return
+        paths = None
+        contents = None
+        if self.config.contents == Contents.WEIGHTS.value:
+            paths = weight_files(manifest.files)
+            contents = Contents.WEIGHTS
+        try:
+            copy_checkpoint(checkpoint, self.root, paths=paths, contents=contents)
+        except (OSError, ValueError, RuntimeError) as err:
+            raise LayerError(f"{self.config.name}: copy of step {manifest.step}: {err}") from err
+        problems = self.verify(manifest.step)
+        if problems:
+            raise LayerError(f"{self.config.name}: remote copy does not verify: {problems}")
+        if transfer is not None:
+            shipped = (e.size for e in manifest.files if paths is None or e.path in paths)
+            total = sum(shipped)
+            transfer.begin(total)
+            transfer.advance(total)
+
+    def fetch(self, step: int, dest_root: Path) -> Path:
+        """Copy one checkpoint back, verifying every byte."""
+        try:
+            committed = copy_checkpoint(self.root / step_dirname(step), dest_root)
+        except (OSError, ValueError, RuntimeError) as err:
+            raise LayerError(f"{self.config.name}: fetch of step {step}: {err}") from err
+        return Path(committed.path)
+
+    def verify(self, step: int) -> list[str]:
+        """Verify the copy on the layer (sizes and hashes)."""
+        result = verify(self.root / step_dirname(step))
+        return list(result.reasons)
+
+    def prune(self, keep: int) -> list[int]:
+        """Keep-last-N on the layer (never the newest verified)."""
+        if not self.root.is_dir():
+            return []
+        result = prune(self.root, keep)
+        return [s for s in (parse_step_dirname(p.name) for p in result.deleted) if s is not None]
+
+
+def weight_files(files: Iterable[FileEntry]) -> list[str]:
+    """The paths of a checkpoint that hold model weights.
+
+    The harness writes one `<component>.safetensors` per component, so the model's weights are
+    the files named `model*` (model.safetensors, or its shards model-00001-of-00002.safetensors);
+    the other safetensors files (optimizer, scheduler, ...) are not weights.
+    """
+    return [e.path for e in files if Path(e.path).name.startswith(WEIGHTS_PREFIX)]
+
+
+def open_layer(config: LayerConfig, environ: Mapping[str, str]) -> Layer:
+    """The backend for a layer's URI scheme (a remote backend's client is imported on use)."""
+    if config.scheme == UriScheme.FILE:
+        root = environ.get(layer_path_env(config.name)) or urlparse(config.uri).path
+        return FileLayer(config, Path(root))
+    credentials = Credentials.from_env(config.name, environ)
+    if config.scheme == UriScheme.S3:
+        from trainguard.layers.s3 import open_s3
+
+        return open_s3(config, credentials, environ)
+    if config.scheme == UriScheme.SSH:
+        from trainguard.layers.ssh import open_ssh
+
+        return open_ssh(config, credentials)
+    if config.scheme == UriScheme.HF:
+        from trainguard.layers.hf import open_hf
+
+        return open_hf(config, credentials, environ)
+    raise LayerError(f"{config.name}: no backend for {config.scheme}:// layers")

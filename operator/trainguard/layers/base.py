@@ -1,0 +1,258 @@
+"""The checkpoint contract on top of any remote store: what every remote backend shares.
+
+A backend (`Store`) only moves bytes under keys `step-<8 digits>/<path>`; `RemoteLayer` keeps
+the contract of DESIGN.md "Checkpoints" on top of it:
+
+- put: every file (the weights only, for a weights layer) is uploaded and verified by the
+  backend against the server: S3 by per-part MD5 and the multipart ETag, SSH by a sha256
+  computed on the remote host, the Hub by the LFS sha256 of the committed file. Then
+  `FINGERPRINTS.json` records what the server reported for each file, and `MANIFEST.json` goes
+  last: a checkpoint is listed only once its manifest is there.
+- verify: the manifest and the fingerprints are there, and every file is there with the
+  manifest's size and the fingerprint recorded at upload: what the server can tell without a
+  download (on SSH the remote host re-hashes every byte).
+- fetch: every file is streamed into an L1 transaction and hashed with the manifest's
+  algorithm on the way; one mismatch aborts the fetch, so a corrupt copy never lands in L1 and
+  restore falls back to an older checkpoint or another layer.
+- prune: keep-N over the checkpoints that verify, so the newest verified one is never removed
+  before a newer one has verified; invalid ones are left for inspection; the manifest goes
+  first, so a half-removed checkpoint is never listed. Abandoned partial uploads older than the
+  newest complete checkpoint are removed with it.
+
+Client libraries raise many exception types; `RemoteLayer` turns each into a `LayerError`
+whose message passes through `Credentials.redact` and does not chain the original exception
+(its arguments could hold a request with credentials in it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import ValidationError
+
+from trainguard.ckpt import (
+    MANIFEST_FILENAME,
+    CheckpointTransaction,
+    Contents,
+    Manifest,
+    step_dirname,
+    verify,
+)
+from trainguard.layers import (
+    Credentials,
+    LayerConfig,
+    LayerError,
+    NoTransfer,
+    Transfer,
+    weight_files,
+)
+
+FINGERPRINTS_FILENAME = "FINGERPRINTS.json"
+# Large enough to keep a network stream busy, small enough to report progress often.
+CHUNK_BYTES = 4 * 1024 * 1024
+
+# An error message keeps its causes (a client's wrapper often says little) within a bound.
+MAX_CAUSES = 3
+MAX_MESSAGE = 1000
+# (local file, key on the store) pairs to upload.
+Uploads = list[tuple[Path, str]]
+
+
+class Store(Protocol):
+    """Bytes under keys `step-<8 digits>/<path>`, relative to the layer's root."""
+
+    def list_steps(self) -> dict[int, bool]:
+        """Every step with something on the store, and whether its manifest is there."""
+        ...
+
+    def read(self, key: str) -> bytes | None:
+        """A small object in full, or None when it does not exist."""
+        ...
+
+    def upload(self, files: Uploads, transfer: Transfer) -> dict[str, str]:
+        """Upload (resuming what is there) and verify; return key -> the server's fingerprint."""
+        ...
+
+    def write_last(self, items: list[tuple[str, bytes]]) -> None:
+        """Write small objects in order, each one whole or not at all, the last one last."""
+        ...
+
+    def stats(self, keys: list[str]) -> dict[str, tuple[int, str] | None]:
+        """(size, fingerprint) of each key as the server reports it; None where it is missing."""
+        ...
+
+    def download(self, key: str) -> AbstractContextManager[Iterator[bytes]]:
+        """Stream one object in chunks."""
+        ...
+
+    def delete_step(self, step: int) -> None:
+        """Remove one step's objects, its manifest first."""
+        ...
+
+
+def step_key(step: int, path: str) -> str:
+    """The key of file `path` of checkpoint `step`."""
+    return f"{step_dirname(step)}/{path}"
+
+
+class RemoteLayer:
+    """A checkpoint layer on a `Store` (see the module docstring for the contract)."""
+
+    def __init__(self, config: LayerConfig, store: Store, credentials: Credentials) -> None:
+        self.config = config
+        self.store = store
+        self.credentials = credentials
+        # Steps this process saw verify: prune need not ask the server about them again.
+        self._verified: set[int] = set()
+
+    @contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except LayerError as err:
+            raise LayerError(self.credentials.redact(str(err))) from None
+        except Exception as err:  # every client library has its own exception types
+            causes: list[str] = []
+            cause: BaseException | None = err
+            while cause is not None and len(causes) < MAX_CAUSES:
+                causes.append(f"{type(cause).__name__}: {cause}")
+                cause = cause.__cause__ or cause.__context__
+            message = f"{self.config.name}: {action}: {' <- '.join(causes)}"
+            raise LayerError(self.credentials.redact(message)[:MAX_MESSAGE]) from None
+
+    def steps(self) -> list[int]:
+        """Steps whose manifest is on the layer."""
+        with self._errors("list"):
+            return sorted(step for step, complete in self.store.list_steps().items() if complete)
+
+    @contextmanager
+    def planned(self, checkpoint: Path, manifest: Manifest) -> Iterator[tuple[Manifest, Uploads]]:
+        """The manifest and files of the remote copy: all files, or the weights only."""
+        entries = manifest.files
+        if self.config.contents == Contents.WEIGHTS.value:
+            chosen = set(weight_files(manifest.files))
+            entries = tuple(e for e in manifest.files if e.path in chosen)
+            manifest = manifest.model_copy(update={"files": entries, "contents": Contents.WEIGHTS})
+        yield manifest, [(checkpoint / e.path, step_key(manifest.step, e.path)) for e in entries]
+
+    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> None:
+        """Upload a verified local checkpoint; the manifest last, once every file verified."""
+        transfer = transfer or NoTransfer()
+        local = verify(checkpoint, check_hashes=False)
+        if local.manifest is None or not local.ok:
+            raise LayerError(f"{self.config.name}: {checkpoint} does not verify: {local.reasons}")
+        step = local.manifest.step
+        with self._errors(f"put of step {step}"):
+            if self.store.list_steps().get(step):
+                transfer.begin(0)
+                return
+            with self.planned(checkpoint, local.manifest) as (manifest, files):
+                transfer.begin(sum(source.stat().st_size for source, _ in files))
+                fingerprints = self.store.upload(files, transfer)
+                manifest_bytes = manifest.to_json_bytes()
+                self.store.write_last(
+                    [
+                        (step_key(step, FINGERPRINTS_FILENAME), _json_bytes(fingerprints)),
+                        (step_key(step, MANIFEST_FILENAME), manifest_bytes),
+                    ]
+                )
+            # Every file was verified by its upload; the manifest must read back as written.
+            if self.store.read(step_key(step, MANIFEST_FILENAME)) != manifest_bytes:
+                raise LayerError(f"{self.config.name}: step {step}: manifest did not read back")
+        self._verified.add(step)
+
+    def _manifest(self, step: int) -> tuple[Manifest | None, list[str]]:
+        raw = self.store.read(step_key(step, MANIFEST_FILENAME))
+        if raw is None:
+            return None, [f"missing {MANIFEST_FILENAME}"]
+        try:
+            manifest = Manifest.from_json_bytes(raw)
+        except ValidationError as err:
+            return None, [f"malformed {MANIFEST_FILENAME}: {err.errors()[0]['msg']}"]
+        if manifest.step != step:
+            return None, [f"{MANIFEST_FILENAME} says step {manifest.step}, not {step}"]
+        return manifest, []
+
+    def verify(self, step: int) -> list[str]:
+        """Problems of the remote copy that the server can tell without a download."""
+        with self._errors(f"verify of step {step}"):
+            manifest, problems = self._manifest(step)
+            if manifest is None:
+                return problems
+            raw = self.store.read(step_key(step, FINGERPRINTS_FILENAME))
+            recorded: dict[str, str] = json.loads(raw) if raw is not None else {}
+            if raw is None:
+                problems.append(f"missing {FINGERPRINTS_FILENAME}")
+            keys = {entry.path: step_key(step, entry.path) for entry in manifest.files}
+            stats = self.store.stats(list(keys.values()))
+            for entry in manifest.files:
+                stat = stats.get(keys[entry.path])
+                if stat is None:
+                    problems.append(f"{entry.path}: missing")
+                elif stat[0] != entry.size:
+                    problems.append(f"{entry.path}: size {stat[0]} != {entry.size} in the manifest")
+                elif raw is not None and recorded.get(keys[entry.path]) != stat[1]:
+                    problems.append(f"{entry.path}: changed on the layer since it was uploaded")
+        if not problems:
+            self._verified.add(step)
+        return problems
+
+    def fetch(self, step: int, dest_root: Path) -> Path:
+        """Stream one checkpoint into `dest_root`, hashing every byte against the manifest."""
+        with self._errors(f"fetch of step {step}"):
+            manifest, problems = self._manifest(step)
+            if manifest is None:
+                raise LayerError(f"{self.config.name}: step {step}: {'; '.join(problems)}")
+            with CheckpointTransaction(
+                dest_root,
+                step,
+                contents=manifest.contents,
+                algorithm=manifest.hash_algorithm,
+                metadata=manifest.metadata,
+            ) as txn:
+                for entry in manifest.files:
+                    writer = txn.create(entry.path)
+                    try:
+                        with self.store.download(step_key(step, entry.path)) as chunks:
+                            for chunk in chunks:
+                                writer.write(chunk)
+                    except BaseException:
+                        writer.discard()
+                        raise
+                    got = writer.close()
+                    if (got.size, got.hash) != (entry.size, entry.hash):
+                        raise LayerError(
+                            f"{self.config.name}: step {step}: {entry.path}: "
+                            f"{manifest.hash_algorithm} hash or size differs from the manifest"
+                        )
+                return Path(txn.commit(timestamp=manifest.time).path)
+
+    def prune(self, keep: int) -> list[int]:
+        """Keep the newest `keep` checkpoints that verify; return the steps deleted."""
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        with self._errors("prune"):
+            found = self.store.list_steps()
+            complete = sorted((s for s, done in found.items() if done), reverse=True)
+            kept = 0
+            deleted = []
+            for step in complete:
+                if kept >= keep:
+                    self.store.delete_step(step)
+                    self._verified.discard(step)
+                    deleted.append(step)
+                elif step in self._verified or not self.verify(step):
+                    kept += 1
+            # Only the newest checkpoint is ever shipped, so an older partial upload is abandoned.
+            for step, done in found.items():
+                if not done and complete and step < complete[0]:
+                    self.store.delete_step(step)
+            return sorted(deleted)
+
+
+def _json_bytes(value: dict[str, str]) -> bytes:
+    return (json.dumps(value, indent=1, sort_keys=True) + "\n").encode()

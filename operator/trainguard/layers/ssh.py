@@ -1,0 +1,245 @@
+"""`ssh://[user@]host[:port]/path` layers: SFTP through paramiko, hashes on the remote host.
+
+Each file is written as `<name>.partial` and renamed into place only after `sha256sum` run on
+the remote host matches the sha256 of what was sent; that sha256 is the file's fingerprint, so
+verifying a layer re-hashes every byte where it lies, without a download.
+
+Resume: a dropped connection leaves the `.partial` file behind. The next put reconnects, takes
+the partial file's size as the offset, hashes the local file up to it without sending it, and
+continues writing at the offset; the remote hash of the whole file then decides. A partial
+file that is not a prefix of the local one fails that check, is removed, and the retry starts
+from zero.
+
+Authentication is by the Secret's `ssh-privatekey` only (no agent, no password). The host key
+must be known: the Secret's `known_hosts`, else the system's; an unknown host is refused. The
+remote side needs an SFTP server and the coreutils (`sha256sum`, `mkdir`, `rm`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import shlex
+import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from urllib.parse import urlparse
+
+import paramiko
+
+from trainguard.api.constants import SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_PRIVATE_KEY
+from trainguard.ckpt import MANIFEST_FILENAME, SHA256, hash_file, parse_step_dirname, step_dirname
+from trainguard.layers import Credentials, LayerConfig, LayerError, Transfer
+from trainguard.layers.base import CHUNK_BYTES, RemoteLayer, Uploads
+
+DEFAULT_PORT = 22
+PARTIAL_SUFFIX = ".partial"
+CONNECT_TIMEOUT_S = 15.0
+COMMAND_TIMEOUT_S = 600.0
+# A dead peer is noticed within a few keepalive rounds instead of a TCP timeout.
+KEEPALIVE_S = 10
+
+
+class SshStore:
+    """A directory on a host reached over SSH, as a `Store`."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        username: str | None,
+        root: str,
+        key_file: Path,
+        known_hosts: Path | None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.username = username
+        self.root = root.rstrip("/") or "/"
+        self.key_file = key_file
+        self.known_hosts = known_hosts
+        self._client: paramiko.SSHClient | None = None
+        self._sftp: paramiko.SFTPClient | None = None
+        self._lock = threading.Lock()
+
+    def _path(self, key: str) -> str:
+        return posixpath.join(self.root, key)
+
+    def sftp(self) -> paramiko.SFTPClient:
+        """The SFTP session, reconnecting when the connection is gone."""
+        with self._lock:
+            transport = self._client.get_transport() if self._client else None
+            if self._sftp is None or transport is None or not transport.is_active():
+                self.close()
+                client = paramiko.SSHClient()
+                if self.known_hosts is not None:
+                    client.load_host_keys(str(self.known_hosts))
+                else:
+                    client.load_system_host_keys()
+                client.set_missing_host_key_policy(paramiko.RejectPolicy())
+                client.connect(
+                    self.host,
+                    port=self.port,
+                    username=self.username,
+                    pkey=paramiko.PKey.from_path(self.key_file),
+                    allow_agent=False,
+                    look_for_keys=False,
+                    timeout=CONNECT_TIMEOUT_S,
+                    banner_timeout=CONNECT_TIMEOUT_S,
+                    auth_timeout=CONNECT_TIMEOUT_S,
+                )
+                active = client.get_transport()
+                if active is not None:
+                    active.set_keepalive(KEEPALIVE_S)
+                self._client, self._sftp = client, client.open_sftp()
+            return self._sftp
+
+    def close(self) -> None:
+        """Drop the connection (the next call reconnects)."""
+        if self._client is not None:
+            self._client.close()
+        self._client, self._sftp = None, None
+
+    def run(self, argv: list[str]) -> str:
+        """Run a command on the remote host; its stdout (a non-zero exit is an error)."""
+        self.sftp()
+        assert self._client is not None
+        command = shlex.join(argv)
+        _, stdout, stderr = self._client.exec_command(command, timeout=COMMAND_TIMEOUT_S)
+        out = stdout.read().decode()
+        status = stdout.channel.recv_exit_status()
+        if status != 0:
+            raise LayerError(f"`{command}` exited {status}: {stderr.read().decode()[:300]}")
+        return out
+
+    def remote_sha256(self, paths: list[str]) -> dict[str, str]:
+        """sha256 of each remote file, computed on the remote host."""
+        if not paths:
+            return {}
+        digests = {}
+        for line in self.run(["sha256sum", "--", *paths]).splitlines():
+            digest, _, name = line.partition("  ")
+            digests[name] = digest
+        return digests
+
+    def _size(self, path: str) -> int | None:
+        try:
+            return self.sftp().stat(path).st_size
+        except FileNotFoundError:
+            return None
+
+    def list_steps(self) -> dict[int, bool]:
+        """Step directories under the root, and whether their manifest is there."""
+        sftp = self.sftp()
+        try:
+            entries = sftp.listdir_attr(self.root)
+        except FileNotFoundError:
+            return {}
+        found = {}
+        for entry in entries:
+            step = parse_step_dirname(entry.filename)
+            if step is not None and stat.S_ISDIR(entry.st_mode or 0):
+                manifest = self._path(f"{entry.filename}/{MANIFEST_FILENAME}")
+                found[step] = self._size(manifest) is not None
+        return found
+
+    def read(self, key: str) -> bytes | None:
+        """A small file in full."""
+        try:
+            with self.sftp().open(self._path(key), "rb") as reader:
+                return reader.read()
+        except FileNotFoundError:
+            return None
+
+    def upload(self, files: Uploads, transfer: Transfer) -> dict[str, str]:
+        """Send each file (resuming a partial one) and check it by its remote sha256."""
+        return {key: self._upload_one(source, key, transfer) for source, key in files}
+
+    def _upload_one(self, source: Path, key: str, transfer: Transfer) -> str:
+        final = self._path(key)
+        partial = final + PARTIAL_SUFFIX
+        size = source.stat().st_size
+        sftp = self.sftp()
+        if self._size(final) == size:
+            local = hash_file(source, SHA256)[1]
+            if self.remote_sha256([final]).get(final) == local:
+                transfer.advance(size, sent=False)
+                return local
+        self.run(["mkdir", "-p", "--", posixpath.dirname(final)])
+        offset = self._size(partial) or 0
+        if offset > size:
+            sftp.remove(partial)
+            offset = 0
+        hasher = hashlib.sha256()
+        with source.open("rb") as reader:
+            while reader.tell() < offset:
+                data = reader.read(min(CHUNK_BYTES, offset - reader.tell()))
+                hasher.update(data)
+                transfer.advance(len(data), sent=False)
+            with sftp.open(partial, "r+b" if offset else "wb") as writer:
+                writer.seek(offset)
+                writer.set_pipelined(True)
+                while data := reader.read(CHUNK_BYTES):
+                    hasher.update(data)
+                    writer.write(data)
+                    transfer.advance(len(data))
+        local = hasher.hexdigest()
+        if self.remote_sha256([partial]).get(partial) != local:
+            sftp.remove(partial)
+            raise LayerError(f"{key}: the remote sha256 differs from the local file; discarded")
+        sftp.posix_rename(partial, final)
+        return local
+
+    def write_last(self, items: list[tuple[str, bytes]]) -> None:
+        """Each small file written aside and renamed into place (atomic), in order."""
+        sftp = self.sftp()
+        for key, data in items:
+            final = self._path(key)
+            with sftp.open(final + PARTIAL_SUFFIX, "wb") as writer:
+                writer.write(data)
+            sftp.posix_rename(final + PARTIAL_SUFFIX, final)
+
+    def stats(self, keys: list[str]) -> dict[str, tuple[int, str] | None]:
+        """Size and remote sha256 of each file."""
+        sizes = {key: self._size(self._path(key)) for key in keys}
+        present = [self._path(key) for key, size in sizes.items() if size is not None]
+        digests = self.remote_sha256(present)
+        return {
+            key: None if size is None else (size, digests.get(self._path(key), ""))
+            for key, size in sizes.items()
+        }
+
+    @contextmanager
+    def download(self, key: str) -> Iterator[Iterator[bytes]]:
+        """Stream one file (read ahead in the background)."""
+        with self.sftp().open(self._path(key), "rb") as reader:
+            reader.prefetch()
+            yield iter(lambda: reader.read(CHUNK_BYTES), b"")
+
+    def delete_step(self, step: int) -> None:
+        """The manifest first, then the directory."""
+        directory = self._path(step_dirname(step))
+        with suppress(FileNotFoundError):
+            self.sftp().remove(posixpath.join(directory, MANIFEST_FILENAME))
+        self.run(["rm", "-rf", "--", directory])
+
+
+def open_ssh(config: LayerConfig, credentials: Credentials) -> RemoteLayer:
+    """The layer of an `ssh://[user@]host[:port]/path` URI."""
+    uri = urlparse(config.uri)
+    if not uri.hostname or not uri.path:
+        raise LayerError(f"{config.name}: {config.uri} needs a host and a path")
+    key_file = credentials.file(SECRET_KEY_SSH_PRIVATE_KEY)
+    if key_file is None:
+        raise LayerError(f"{config.name}: the Secret has no {SECRET_KEY_SSH_PRIVATE_KEY}")
+    store = SshStore(
+        uri.hostname,
+        uri.port or DEFAULT_PORT,
+        uri.username,
+        uri.path,
+        key_file,
+        credentials.file(SECRET_KEY_SSH_KNOWN_HOSTS),
+    )
+    return RemoteLayer(config, store, credentials)

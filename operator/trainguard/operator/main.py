@@ -1,0 +1,86 @@
+"""`trainguard operator`: run the operator (kopf) with trainguard's handlers.
+
+Equivalent to
+`kopf run -m trainguard.operator.handlers -m trainguard.operator.metrics --standalone`, with
+the settings of `trainguard.operator.config` as flags. Watches the namespaces given with
+`--namespace`, or all of them with `--all-namespaces`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+import kopf
+
+from trainguard.operator.config import (
+    DEFAULT_RESYNC_SECONDS,
+    DEFAULT_WORKERS,
+    ENV_KUBECONFIG,
+    OperatorConfig,
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainguard operator", description="Reconcile TrainingRuns into guarded pods."
+    )
+    scope = parser.add_mutually_exclusive_group(required=True)
+    scope.add_argument("-n", "--namespace", action="append", help="namespace to watch (repeat)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster or $KUBECONFIG)")
+    parser.add_argument("--agent-image", help="image of the agent and the init steps")
+    parser.add_argument(
+        "--network-csi-driver",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="CSI driver to treat as a network volume, beyond the built-in list (repeat)",
+    )
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=DEFAULT_RESYNC_SECONDS,
+        help="reconcile every run at least this often",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=DEFAULT_WORKERS, help="threads for API calls"
+    )
+    parser.add_argument(
+        "--liveness", metavar="URL", help="serve liveness, e.g. http://0.0.0.0:8080/healthz"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Run the operator until it is stopped (SIGINT/SIGTERM); return its exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.kubeconfig:
+        # kopf's own login reads the same file as the operator's client.
+        os.environ[ENV_KUBECONFIG] = args.kubeconfig
+    env = OperatorConfig.from_env()
+    config = OperatorConfig(
+        agent_image=args.agent_image or env.agent_image,
+        network=env.network.with_csi_drivers(args.network_csi_driver),
+        resync_seconds=args.resync_seconds,
+        workers=args.workers,
+        kubeconfig=args.kubeconfig or env.kubeconfig,
+    )
+    # Importing registers the handlers, and the metrics endpoint and its watch, with kopf.
+    import trainguard.operator.handlers
+    import trainguard.operator.metrics  # noqa: F401
+
+    kopf.run(
+        standalone=True,
+        clusterwide=args.all_namespaces,
+        namespaces=args.namespace or (),
+        liveness_endpoint=args.liveness,
+        memo=kopf.Memo(config=config),
+    )
+    return 0

@@ -1,0 +1,55 @@
+"""Restart back-off, pure: how long a run waits before its next restart (`spec.recovery.backoff`).
+
+The n-th restart of a run waits `initialSeconds * 2^(n-1)`, capped at `maxSeconds`. Both
+restarts the operator makes and those the supervisor makes in place follow it: the
+supervisor reads the run's `spec.recovery` from the env contract (`TRAINGUARD_RECOVERY`) and
+waits the same delays between training processes; the operator holds the next attempt of a
+rescheduled run until the delay since the recorded failure has passed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+
+from trainguard.api import TrainingRunStatus
+from trainguard.api.constants import Reason
+from trainguard.api.spec import Backoff
+from trainguard.operator.policies.lifecycle import Decision
+
+# 2^62 seconds outlasts any cap: larger exponents add nothing but big integers.
+MAX_EXPONENT = 62
+
+
+def delay(backoff: Backoff, restart: int) -> float:
+    """Seconds to wait before restart number `restart` (1-based); 0 for none."""
+    if restart <= 0:
+        return 0.0
+    doubled = backoff.initial_seconds * 2 ** min(restart - 1, MAX_EXPONENT)
+    return float(min(backoff.max_seconds, doubled))
+
+
+def remaining(status: TrainingRunStatus, backoff: Backoff, now: datetime) -> float:
+    """Seconds still to wait before the restart that follows the recorded failure."""
+    last = status.last_failure
+    if last is None or status.restarts <= 0:
+        return 0.0
+    waited = (now - last.time).total_seconds()
+    return max(0.0, delay(backoff, status.restarts) - waited)
+
+
+def hold(
+    decision: Decision, status: TrainingRunStatus, backoff: Backoff, now: datetime
+) -> tuple[Decision, float]:
+    """The decision with a rescheduled attempt held back while the back-off runs.
+
+    Returns the decision to act on and the seconds left (0: act now). Only the ladder's
+    reschedules wait: a first pod, a resume or a spec change is created at once.
+    """
+    if not decision.create or decision.cause is not Reason.RESCHEDULING:
+        return decision, 0.0
+    wait = remaining(status, backoff, now)
+    if wait <= 0:
+        return decision, 0.0
+    previous = (decision.attempt or 1) - 1 or None
+    return replace(decision, attempt=previous, create=False), wait

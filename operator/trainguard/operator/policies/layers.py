@@ -1,0 +1,64 @@
+"""Per-layer checkpoint state, pure: the agent's shipping report in the Lease -> the status.
+
+The agent renews the heartbeat Lease with one JSON object per remote layer under
+`trainguard.dev/layers` (see `trainguard.agent.shipper.LayerState`): the newest step verified
+on the layer, the upload in progress and its bytes, the last error. The status keeps the
+newest checkpoint of each layer (`status.checkpoints`) with the shipping state. A new pod's
+agent starts knowing nothing of what an earlier attempt shipped:
+`trainguard.operator.conditions` merges a report into what the status holds.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import ValidationError
+
+from trainguard.api.constants import ShippingState
+from trainguard.api.status import LayerCheckpoint, Shipping
+
+# The agent's state names (lower case) -> the API's.
+STATES = {state.value.lower(): state for state in ShippingState}
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def _layer(name: str, report: dict[str, object]) -> LayerCheckpoint | None:
+    state = STATES.get(str(report.get("state", "")).lower())
+    step = _count(report.get("step"))
+    shipping = None
+    shipped = _count(report.get("uploading"))
+    shipped = step if shipped is None else shipped
+    if state is not None and shipped is not None:
+        error = report.get("error")
+        shipping = Shipping(
+            state=state,
+            step=shipped,
+            bytes_done=_count(report.get("bytes_done")),
+            bytes_total=_count(report.get("bytes_total")),
+            message=str(error) if error else None,
+        )
+    try:
+        return LayerCheckpoint(layer=name, step=step, verified=step is not None, shipping=shipping)
+    except ValidationError:
+        return None  # a name the status cannot hold: left out, never fatal
+
+
+def parse_layers(text: str | None) -> tuple[LayerCheckpoint, ...]:
+    """The layers of a Lease's report, by name; a malformed report reads as none."""
+    if not text:
+        return ()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return ()
+    if not isinstance(data, dict):
+        return ()
+    found = (
+        _layer(str(name), report)
+        for name, report in sorted(data.items())
+        if isinstance(report, dict)
+    )
+    return tuple(layer for layer in found if layer is not None)
