@@ -40,8 +40,8 @@ from types import FrameType
 from typing import Any
 
 from trainguard.contract import env
-from trainguard.contract.env import PodEnv
-from trainguard.contract.files import GPU_FILENAME
+from trainguard.contract.env import ContractError, PodEnv
+from trainguard.contract.files import GPU_FILENAME, SUPERVISOR_FILENAME
 from trainguard_harness.gpu_publisher import GpuPublisher
 from trainguard_harness.settings import HarnessSettings
 
@@ -234,9 +234,10 @@ def recovery_defaults(environ: dict[str, str]) -> tuple[int, float, float]:
     in place wait the run's back-off, the same delays the operator keeps between attempts.
     Without it (run by hand), the command line's defaults apply.
     """
-    if not environ.get(env.RECOVERY):
+    pod = PodEnv.from_env(environ)
+    if "recovery" not in pod.model_fields_set:
         return DEFAULT_MAX_RESTARTS, DEFAULT_BACKOFF_S, DEFAULT_BACKOFF_MAX_S
-    recovery = PodEnv.from_env(environ).recovery
+    recovery = pod.recovery
     backoff = recovery.backoff
     return recovery.max_restarts, float(backoff.initial_seconds), float(backoff.max_seconds)
 
@@ -247,8 +248,8 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argpar
         max_restarts, backoff, backoff_max = recovery_defaults(
             dict(os.environ) if environ is None else environ
         )
-    except ValueError as err:  # pydantic's ValidationError and bad JSON are ValueErrors
-        print(f"trainguard supervise: {env.RECOVERY} is invalid: {err}", file=sys.stderr)
+    except ContractError as err:  # it names the variable and its value
+        print(f"trainguard supervise: {err}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from err
     parser = argparse.ArgumentParser(
         prog="trainguard supervise",
@@ -269,13 +270,13 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argpar
     parser.add_argument(
         "--state-file",
         type=Path,
-        help="default: supervisor.json next to the heartbeat (TRAINGUARD_HEARTBEAT_FILE)",
+        help=f"default: {SUPERVISOR_FILENAME} next to the heartbeat ({env.HEARTBEAT_FILE})",
     )
     parser.add_argument(
         "--gpu-file",
         type=Path,
-        help="where to publish GPU readings each second (default: TRAINGUARD_GPU_FILE, "
-        "else gpu.json in the state dir)",
+        help=f"where to publish GPU readings each second (default: {env.GPU_FILE}, "
+        f"else {GPU_FILENAME} in the state dir)",
     )
     parser.add_argument("--no-gpu", action="store_true", help="do not publish GPU readings")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -306,10 +307,7 @@ def main(argv: list[str]) -> int:
     )
     publisher = None
     if not args.no_gpu:
-        settings = HarnessSettings.from_env()
-        gpu_file = args.gpu_file or Path(
-            os.environ.get(env.GPU_FILE) or settings.state_dir / GPU_FILENAME
-        )
+        gpu_file = args.gpu_file or PodEnv.from_env(os.environ).gpu
         publisher = GpuPublisher(gpu_file, supervisor.child_alive)
         publisher.start()
     try:

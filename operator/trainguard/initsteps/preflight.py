@@ -503,6 +503,7 @@ def report(
     seconds, fault_injection (None unless a test injected a fault), checks: a list of
     {check, target, path, status, failure, message, figures}.
     """
+    pod = PodEnv.from_env(environ)
     failed = [c for c in checks if c.status == FAIL]
     failed.sort(key=lambda c: list(EXIT_CODES).index(c.failure) if c.failure else 0)
     first = failed[0].failure if failed else None
@@ -513,8 +514,8 @@ def report(
         "failure": None if first is None else str(first),
         "message": message[:MESSAGE_LIMIT],
         "exit_code": int(ExitCode.OK if first is None else EXIT_CODES[first]),
-        "node": environ.get(env.NODE_NAME),  # as given: a report is written even when the
-        "attempt": environ.get(env.ATTEMPT),  # contract is malformed
+        "node": pod.node_name or None,
+        "attempt": pod.attempt,
         "started_at": started,
         "seconds": round(time.time() - started, 3),
         "fault_injection": injection,

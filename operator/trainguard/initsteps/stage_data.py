@@ -380,7 +380,7 @@ class Progress:
         return int(code)
 
     def _terminate(self, snap: dict[str, Any]) -> None:
-        summary = reports.staging_summary(snap, self._environ.get(env.ATTEMPT))
+        summary = reports.staging_summary(snap, PodEnv.from_env(self._environ).attempt)
         reports.write_termination_message(summary, self._environ)
 
 
