@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainguard.contract.files import read_json
+
 LOG = logging.getLogger(__name__)
 
 PID = "pid"
@@ -160,9 +162,9 @@ class Heartbeat:
 
 
 def read_heartbeat(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The last heartbeat record, or None when there is none yet."""
-    try:
-        record: dict[str, Any] = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return None
-    return record
+    """The last heartbeat record as written, or None when there is none yet.
+
+    The agent reads it typed (`trainguard.agent.signals.read_heartbeat`); both go through the
+    pod contract's one reader of state files.
+    """
+    return read_json(Path(path))

@@ -17,6 +17,7 @@ from typing import Any
 from trainguard import gpu
 from trainguard.agent.verdicts import Signals
 from trainguard.ckpt import MANIFEST_FILENAME, parse_step_dirname
+from trainguard.contract.files import read_json
 
 # Phases of the harness's heartbeat during which a frozen step is expected.
 PROGRESS_PHASES = ("loading",)
@@ -63,9 +64,12 @@ def parse_heartbeat(data: dict[str, Any]) -> Heartbeat:
 
 def read_heartbeat(path: Path) -> Heartbeat | None:
     """The current heartbeat, or None when absent or unreadable (mid-replace is atomic)."""
+    record = read_json(path)
+    if record is None:
+        return None
     try:
-        return parse_heartbeat(json.loads(path.read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
+        return parse_heartbeat(record)
+    except (ValueError, KeyError, TypeError):
         return None
 
 
