@@ -56,12 +56,15 @@ import yaml
 
 from trainguard.api.constants import CRD_NAME
 from trainguard_dev.cluster.cluster import Cluster
-from trainguard_dev.cluster.nodes import PROCESS_NODE_LABEL
+from trainguard_dev.testing import pods
+from trainguard_dev.testing.polling import eventually, seconds_left
+from trainguard_dev.testing.processes import OperatorProcess, stop_process
+from trainguard_dev.testing.runs import make_shards, reference_run
 
 REPO = Path(__file__).resolve().parents[1]
-TRAINGUARD = Path(sys.executable).parent / "trainguard"
-STARTED_MARKER = "Activity 'configure' succeeded"
 RUN = "detect"
+# More steps than the benchmark lasts: it stops the run, not the trainer.
+TRAINER_STEPS = 100_000_000
 EVERY_STEPS = 20
 INTERVAL_S = 1
 BACKOFF_S = 1
@@ -106,43 +109,22 @@ def percentile(values: list[float], q: float) -> float:
 def run_manifest(shards: Path, deaths: int) -> dict[str, Any]:
     """The run: the reference trainer on the process-backed node, watched every second.
 
-    Every death is restarted in place (inPlaceRestarts and maxRestarts above the deaths),
-    with a constant 1 s back-off, and the repeated-failure rule off (`sameStepWindow: 0`):
-    the benchmark measures detection and resume, not the ladder's later rungs.
+    The tiny model steps as fast as it can. Every death is restarted in place
+    (inPlaceRestarts and maxRestarts above the deaths), with a constant 1 s back-off, and the
+    repeated-failure rule off (`sameStepWindow: 0`): the benchmark measures detection and
+    resume, not the ladder's later rungs.
     """
     restarts = deaths + 5
-    return {
-        "apiVersion": "trainguard.dev/v1alpha1",
-        "kind": "TrainingRun",
-        "metadata": {"name": RUN},
-        "spec": {
-            "trainer": {
-                "image": "trainguard-trainer:dev",
-                "command": [
-                    "python",
-                    "-m",
-                    "trainguard_harness.train",
-                    "--preset",
-                    "tiny",
-                    "--steps",
-                    "100000000",
-                    "--threads",
-                    "1",
-                ],
-            },
-            "model": {"parameters": 1000000},
-            "data": {"source": {"uri": f"file://{shards}"}, "size": "10Mi"},
-            "checkpoints": {"everySteps": EVERY_STEPS},
-            "monitor": {"intervalSeconds": INTERVAL_S, "startupGraceSeconds": 5},
-            "recovery": {
-                "inPlaceRestarts": restarts,
-                "maxRestarts": restarts,
-                "sameStepWindow": 0,
-                "backoff": {"initialSeconds": BACKOFF_S, "maxSeconds": BACKOFF_S},
-            },
-            "placement": {"nodeSelector": {PROCESS_NODE_LABEL: "true"}},
+    spec = {
+        "monitor": {"intervalSeconds": INTERVAL_S, "startupGraceSeconds": 5},
+        "recovery": {
+            "inPlaceRestarts": restarts,
+            "maxRestarts": restarts,
+            "sameStepWindow": 0,
+            "backoff": {"initialSeconds": BACKOFF_S, "maxSeconds": BACKOFF_S},
         },
     }
+    return reference_run(RUN, shards, EVERY_STEPS, spec, steps=TRAINER_STEPS, min_step_seconds=None)
 
 
 class StatusWatch:
@@ -205,29 +187,7 @@ class StatusWatch:
     def stop(self) -> None:
         """End the watch."""
         self.stopping = True
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON file the trainer side writes, or None while absent or half written."""
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-        return data
-    except (OSError, ValueError):
-        return None
-
-
-def wait_for(check: Any, deadline: float, what: str, poll: float = POLL_S) -> Any:
-    """Poll a local file check until it returns something truthy."""
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(poll)
+        stop_process(self.proc)
 
 
 class LogWrites:
@@ -305,35 +265,27 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
     # Polled, not `kubectl wait`: on a fresh apiserver the CRD may have no conditions yet,
     # which `kubectl wait` takes for an error.
     established = '{.status.conditions[?(@.type=="Established")].status}'
-    wait_for(
+    eventually(
         lambda: (
             cluster.kubectl("get", f"crd/{CRD_NAME}", "-o", f"jsonpath={established}").stdout
             == "True"
         ),
-        time.monotonic() + 90,
+        90,
         "the CRD established",
         0.5,
     )
     namespace = f"detect-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
     work = Path(tempfile.mkdtemp(prefix="bench-detect-"))
-    shards = work / "shards"
-    subprocess.run(
-        [sys.executable, "-m", "trainguard_harness.shards", "--out", str(shards), "--shards", "2",
-         "--tokens", "100000", "--vocab-size", "256", "--seed", "1"],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    log_file = work / "operator.log"
-    argv = [str(TRAINGUARD), "operator", "--kubeconfig", str(cluster.kubeconfig), "-n", namespace]
-    with log_file.open("wb") as out:
-        operator = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    shards = make_shards(work / "shards")
+    operator = OperatorProcess(cluster.kubeconfig, [namespace], work / "operator.log")
+    operator.start()
     watch: StatusWatch | None = None
     writes: LogWrites | None = None
     try:
         deadline = time.monotonic() + args.timeout
-        wait_for(lambda: STARTED_MARKER in log_file.read_text(errors="replace"), deadline,
-                 "the operator", 0.2)  # fmt: skip
-        log(f"operator up (pid {operator.pid}, log {log_file})")
+        operator.wait_started(seconds_left(deadline))
+        log(f"operator up (pid {operator.pid}, log {operator.log_path})")
         cluster.kubectl("apply", "-n", namespace, "-f", "-",
                         input=yaml.safe_dump(run_manifest(shards, args.deaths)))  # fmt: skip
         watch = StatusWatch(cluster, namespace)
@@ -344,31 +296,26 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
             )["items"]
             return next((p for p in found if p["spec"].get("nodeName")), None)
 
-        bound = wait_for(pod, deadline, "the pod on its node", 0.5)
-        meta = bound["metadata"]
-        pod_dir = (
-            cluster.root / "procnodes" / bound["spec"]["nodeName"] / "pods"
-            / f"{namespace}_{meta['name']}_{meta['uid']}"
-        )  # fmt: skip
-        state = pod_dir / "volumes" / "state"
-        heartbeat = state / "heartbeat.json"
-        log(f"pod {meta['name']} on {bound['spec']['nodeName']}; waiting for training")
-
-        def checkpointed() -> dict[str, Any] | None:
-            beat = read_json(heartbeat)
-            return beat if beat and (beat.get("last_checkpoint_step") or 0) >= EVERY_STEPS else None
-
-        wait_for(checkpointed, deadline, "the first checkpoint")
+        bound = eventually(pod, seconds_left(deadline), "the pod on its node", 0.5)
+        pod_dir = pods.pod_directory(cluster.root, bound)
+        state = pods.state_dir(cluster.root, bound)
+        log(f"pod {bound['metadata']['name']} on {bound['spec']['nodeName']}; waiting for training")
+        eventually(
+            lambda: pods.checkpointed(state, EVERY_STEPS),
+            seconds_left(deadline),
+            "the first checkpoint",
+            POLL_S,
+        )
         watch.wait(lambda s: s.get("verdict") == "Healthy", 0, deadline, "Healthy")
 
         # 1. The normal stretch: the log's largest gap, with checkpoint saves in it.
         writes = LogWrites(pod_dir / "trainer.log")
-        start_beat = read_json(heartbeat) or {}
+        start_beat = pods.heartbeat(state) or {}
         normal_start = time.time()
         log(f"normal stretch of {args.normal_seconds:.0f} s for the log-age threshold")
         time.sleep(args.normal_seconds)
         normal_end = time.time()
-        end_beat = read_json(heartbeat) or {}
+        end_beat = pods.heartbeat(state) or {}
         gap = largest_gap(writes.writes, normal_start, normal_end)
         threshold = float(math.ceil(gap))
         false_alarms = watchdog_alarms(
@@ -386,10 +333,12 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         detects, resumes, lost, baseline = [], [], [], []
         rng = random.Random(1)
         for number in range(1, args.deaths + 1):
-            before = wait_for(lambda: read_json(heartbeat), deadline, "a heartbeat")
+            before = eventually(
+                lambda: pods.heartbeat(state), seconds_left(deadline), "a heartbeat", POLL_S
+            )
             restarts = int(watch.latest().get("restarts") or 0)
             time.sleep(rng.uniform(0.0, 2.0))  # a random moment relative to the agent's looks
-            beat = read_json(heartbeat) or before
+            beat = pods.heartbeat(state) or before
             pid = int(beat["pid"])
             reached = max(int(beat.get("step") or 0), logged_step(pod_dir / "trainer.log"))
             died_wall, died = time.time(), time.monotonic()
@@ -409,15 +358,19 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
                     found = RESUMED_FROM.findall(handle.read().decode(errors="replace"))
                 return int(found[-1]) if found else None
 
-            saved = wait_for(restored, deadline, f"death {number}: the restore")
+            saved = eventually(
+                restored, seconds_left(deadline), f"death {number}: the restore", POLL_S
+            )
 
             def resumed(old: int = pid, saved: int = saved) -> dict[str, Any] | None:
                 # A step of the restarted process past the checkpoint it resumed from.
-                now_beat = read_json(heartbeat)
+                now_beat = pods.heartbeat(state)
                 fresh = now_beat and now_beat["pid"] != old and (now_beat.get("step") or 0) > saved
                 return now_beat if fresh else None
 
-            first = wait_for(resumed, deadline, f"death {number}: the next step")
+            first = eventually(
+                resumed, seconds_left(deadline), f"death {number}: the next step", POLL_S
+            )
             resumed_at = time.monotonic()
             detects.append(seen_at - died)
             resumes.append(resumed_at - died)
@@ -435,9 +388,9 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
             # Steady training again before the next death: a few steps by the new process
             # and the status Healthy again.
             def steady(start: int = int(first["step"])) -> bool:
-                return int((read_json(heartbeat) or {}).get("step") or 0) >= start + STEADY_STEPS
+                return int((pods.heartbeat(state) or {}).get("step") or 0) >= start + STEADY_STEPS
 
-            wait_for(steady, deadline, f"death {number}: steady training")
+            eventually(steady, seconds_left(deadline), f"death {number}: steady training", POLL_S)
             watch.wait(lambda s: s.get("verdict") == "Healthy", resumed_at, deadline, "Healthy")
         status = watch.latest()
         return {
@@ -467,11 +420,7 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
             watch.stop()
         if writes is not None:
             writes.stop()
-        operator.send_signal(signal.SIGTERM)
-        try:
-            operator.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            operator.kill()
+        operator.stop()
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 

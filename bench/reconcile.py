@@ -21,16 +21,14 @@ Prints ONE JSON object on stdout; progress goes to stderr. Targets on a 2-core m
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,14 +39,15 @@ from trainguard.api.constants import CRD_NAME, GROUP, PLURAL, VERSION
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.cluster.nodes import gpu_node
 from trainguard_dev.cluster.rest import Rest
+from trainguard_dev.testing.polling import eventually, seconds_left
+from trainguard_dev.testing.processes import OperatorProcess
+from trainguard_dev.testing.runs import example_run, pinned
 
 REPO = Path(__file__).resolve().parents[1]
-TRAINGUARD = Path(sys.executable).parent / "trainguard"
 POOL_LABEL = "trainguard.dev/bench-pool"
 RUNS_PER_NODE = 100  # below the kubelet's default of 110 pods per node
 CREATE_THREADS = 16
 POLL_SECONDS = 0.1
-STARTED_MARKER = "Activity 'configure' succeeded"
 
 
 def log(message: str) -> None:
@@ -65,15 +64,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def run_manifest(name: str, pool: str) -> dict[str, Any]:
-    """The minimal example, renamed and pinned to the benchmark's nodes."""
-    run: dict[str, Any] = yaml.safe_load((REPO / "examples" / "minimal.yaml").read_text())
-    run = copy.deepcopy(run)
-    run["metadata"]["name"] = name
-    run["spec"]["placement"] = {"nodeSelector": {POOL_LABEL: pool}}
-    return run
-
-
 def peak_rss_mib(pid: int) -> float:
     """The process's peak resident set size (VmHWM) in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -82,12 +72,9 @@ def peak_rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmHWM for pid {pid}")
 
 
-def wait_for(check: Any, deadline: float, what: str) -> float:
+def wait_for(check: Callable[[], Any], deadline: float, what: str) -> float:
     """Poll until `check()` is true; return the time it became true (monotonic)."""
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(POLL_SECONDS)
+    eventually(check, seconds_left(deadline), what, POLL_SECONDS)
     return time.monotonic()
 
 
@@ -118,21 +105,19 @@ def measure(cluster: Cluster, runs: int, timeout: float) -> dict[str, Any]:
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(nodes))
     cluster.kubectl("create", "namespace", namespace)
     log_file = Path(tempfile.mkstemp(prefix="bench-operator-", suffix=".log")[1])
-    argv = [str(TRAINGUARD), "operator", "--kubeconfig", str(cluster.kubeconfig), "-n", namespace]
-    with log_file.open("wb") as out:
-        operator = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    operator = OperatorProcess(cluster.kubeconfig, [namespace], log_file)
+    operator.start()
     try:
         deadline = time.monotonic() + timeout
-        wait_for(
-            lambda: STARTED_MARKER in log_file.read_text(errors="replace"), deadline, "operator"
-        )
+        operator.wait_started(seconds_left(deadline))
         log(f"operator up (pid {operator.pid}, log {log_file}); creating {runs} runs")
         names = [f"run-{i:04d}" for i in range(runs)]
         runs_path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
         pods_path = f"/api/v1/namespaces/{namespace}/pods?labelSelector=trainguard.dev/run"
 
         def create(name: str) -> None:
-            rest.create(runs_path, run_manifest(name, pool))
+            run = pinned(example_run("minimal", name), POOL_LABEL, pool)
+            rest.create(runs_path, run)
 
         started = time.monotonic()
         with ThreadPoolExecutor(CREATE_THREADS) as pool_:
@@ -163,11 +148,7 @@ def measure(cluster: Cluster, runs: int, timeout: float) -> dict[str, Any]:
             "nodes": len(node_names),
         }
     finally:
-        operator.send_signal(signal.SIGTERM)
-        try:
-            operator.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            operator.kill()
+        operator.stop()
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         cluster.kubectl("delete", "node", *node_names, "--wait=false", check=False)
 

@@ -41,30 +41,26 @@ from typing import Any, NamedTuple
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "integration"))
-
-from servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS, start_sshd  # noqa: E402
-
-from checkpoint import MATMUL_SIZE, calibrate_step, make_state, progress, timed  # noqa: E402
-from trainguard.agent.shipper import Shipper  # noqa: E402
-from trainguard.api.constants import (  # noqa: E402
+from checkpoint import MATMUL_SIZE, calibrate_step, make_state, progress, timed
+from trainguard.agent.shipper import Shipper
+from trainguard.api.constants import (
     SECRET_KEY_S3_ACCESS_KEY_ID,
     SECRET_KEY_S3_ENDPOINT_URL,
     SECRET_KEY_S3_SECRET_ACCESS_KEY,
     SECRET_KEY_SSH_KNOWN_HOSTS,
     SECRET_KEY_SSH_PRIVATE_KEY,
 )
-from trainguard.ckpt import find_newest_valid  # noqa: E402
-from trainguard.layers import (  # noqa: E402
+from trainguard.ckpt import find_newest_valid
+from trainguard.layers import (
     Credentials,
     Layer,
     LayerConfig,
     layer_secrets_env,
 )
-from trainguard.layers.s3 import open_s3  # noqa: E402
-from trainguard.layers.ssh import open_ssh  # noqa: E402
-from trainguard_harness.writer import CheckpointWriter  # noqa: E402
+from trainguard.layers.s3 import open_s3
+from trainguard.layers.ssh import open_ssh
+from trainguard_dev.testing.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS, start_sshd
+from trainguard_harness.writer import CheckpointWriter
 
 MB = 1e6
 BUCKET = "bench"

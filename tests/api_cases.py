@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainguard.api import TrainingRun
-from trainguard.api.constants import API_VERSION, KIND
+from trainguard_dev.testing.runs import training_run
 
 Obj = dict[str, Any]
 _DELETE = object()
@@ -25,33 +25,29 @@ _STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 def base_run() -> Obj:
     """A valid run with something of everything the cases edit."""
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": "case"},
-        "spec": {
-            "trainer": {
-                "image": "registry.example.com/train:1",
-                "command": ["python", "train.py"],
-                "env": [{"name": "A", "value": "1"}],
-            },
-            "data": {"source": {"uri": "s3://bucket-a/shards"}, "size": "10Gi"},
-            "checkpoints": {
-                "remote": [
-                    {
-                        "name": "hub",
-                        "uri": "hf://org/model",
-                        "contents": "weights",
-                        "credentialsSecret": {"name": "hf-token"},
-                    },
-                    {"name": "backup", "uri": "s3://bucket-b/ckpt"},
-                ]
-            },
-            "placement": {
-                "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
-            },
+    spec = {
+        "trainer": {
+            "image": "registry.example.com/train:1",
+            "command": ["python", "train.py"],
+            "env": [{"name": "A", "value": "1"}],
+        },
+        "data": {"source": {"uri": "s3://bucket-a/shards"}, "size": "10Gi"},
+        "checkpoints": {
+            "remote": [
+                {
+                    "name": "hub",
+                    "uri": "hf://org/model",
+                    "contents": "weights",
+                    "credentialsSecret": {"name": "hf-token"},
+                },
+                {"name": "backup", "uri": "s3://bucket-b/ckpt"},
+            ]
+        },
+        "placement": {
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
         },
     }
+    return training_run("case", spec, base={})
 
 
 def steps(path: str) -> list[str | int]:

@@ -14,12 +14,12 @@ import pytest
 from trainguard.api import TrainingRun
 from trainguard.operator.build.pod import PodInputs, training_pod
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.runs import training_run
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.timeout(120)]
 
+# The small valid run, with a remote layer whose credentials the pod mounts.
 SPEC = {
-    "trainer": {"image": "trainer:1", "command": ["python", "train.py"]},
-    "model": {"parameters": 1_000_000_000},
     "checkpoints": {
         "remote": [
             {"name": "s3", "uri": "s3://ckpts/llm", "credentialsSecret": {"name": "s3-creds"}}
@@ -34,12 +34,7 @@ def test_a_built_pod_passes_the_apiservers_validation(
 ) -> None:
     namespace = f"t-{uuid.uuid4().hex[:8]}"
     run = TrainingRun.model_validate(
-        {
-            "apiVersion": "trainguard.dev/v1alpha1",
-            "kind": "TrainingRun",
-            "metadata": {"name": "llm", "namespace": namespace, "uid": str(uuid.uuid4())},
-            "spec": SPEC,
-        }
+        training_run("llm", SPEC, namespace=namespace, metadata={"uid": str(uuid.uuid4())})
     )
     manifest = training_pod(
         run, PodInputs(3, agent_image="trainguard:test", excluded_nodes=excluded)

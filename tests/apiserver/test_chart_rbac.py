@@ -20,8 +20,9 @@ import pytest
 import yaml
 
 from chart import Obj, Release, helm, install, token_kubeconfig, uninstall
-from trainguard.api.constants import API_VERSION, CRD_NAME, KIND
+from trainguard.api.constants import CRD_NAME
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.runs import training_run
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.timeout(300)]
 
@@ -188,15 +189,7 @@ def test_watched_namespaces_limit_the_run_permissions(cluster: Cluster, namespac
 
 def test_uninstall_keeps_the_crd_and_the_runs(cluster: Cluster, namespace: str) -> None:
     installed = install(cluster)
-    run = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": "survivor", "namespace": namespace},
-        "spec": {
-            "trainer": {"image": "trainer:1", "command": ["python", "train.py"]},
-            "model": {"parameters": 1_000_000},
-        },
-    }
+    run = training_run("survivor", {"model": {"parameters": 1_000_000}}, namespace=namespace)
     cluster.kubectl("create", "-f", "-", input=json.dumps(run))
     # Helm does not track crds/ as part of the release, so it never deletes (or upgrades) it.
     manifest = helm(

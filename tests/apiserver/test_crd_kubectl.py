@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-import time
+import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,6 +14,7 @@ from trainguard.api import Condition, TrainingRunStatus
 from trainguard.api import constants as c
 from trainguard.api.spec import Checkpoints
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.polling import eventually
 
 pytestmark = pytest.mark.apiserver
 
@@ -115,13 +116,19 @@ def test_status_is_validated(cluster: Cluster, namespace: str) -> None:
 
 def explain(cluster: Cluster, field: str) -> str:
     """`kubectl explain`, retried while the apiserver is still publishing the CRD's schema."""
-    deadline = time.monotonic() + EXPLAIN_DEADLINE_SECONDS
-    while True:
-        result = cluster.kubectl("explain", field, check=False)
-        if result.returncode == 0 or time.monotonic() > deadline:
-            assert result.returncode == 0, result.stderr
-            return result.stdout
-        time.sleep(1)
+    results: list[subprocess.CompletedProcess[str]] = []
+
+    def explained() -> str | None:
+        results.append(cluster.kubectl("explain", field, check=False))
+        return results[-1].stdout if results[-1].returncode == 0 else None
+
+    return eventually(
+        explained,
+        EXPLAIN_DEADLINE_SECONDS,
+        f"`kubectl explain {field}`",
+        1.0,
+        detail=lambda: results[-1].stderr,
+    )
 
 
 def squash(text: str) -> str:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from api_cases import base_run, pydantic_errors
 from trainguard.api import TrainingRun
-from trainguard.api.constants import API_VERSION, KIND
+from trainguard_dev.testing.runs import training_run
 
 pytestmark = pytest.mark.apiserver
 
@@ -158,7 +158,7 @@ specs = obj(
 
 
 def as_run(spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "prop"}, "spec": spec}
+    return training_run("prop", spec, base={})
 
 
 def test_models_and_apiserver_accept_the_same_runs(server_create: ServerCreate) -> None:

@@ -2,7 +2,7 @@
 
 - `trainingrun_crd` (session): the checked-in CRD, applied and Established;
 - `node_pool`: kwok GPU nodes of the test's own, labelled with the test's namespace, so
-  runs can be pinned to them (`pinned(run, pool)`) and tests never disturb each other or
+  runs can be pinned to them (`pool_run(pool)`) and tests never disturb each other or
   the shared nodes; deleted afterwards;
 - `process_nodes`: the shared process-backed nodes, restored after the test: control files
   (`down`, `gpu-sim.json`, ...) removed, the `trainguard.dev/unhealthy` taint lifted, and
@@ -22,12 +22,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from operator_proc import CRD_FILE, POOL_LABEL, OperatorProcess, diagnostics
+from operator_proc import AGENT_IMAGE, CRD_FILE, POOL_LABEL, RESYNC_SECONDS, diagnostics
 
 from chart import install, token_kubeconfig, uninstall
 from trainguard.api.constants import CRD_NAME, TAINT_UNHEALTHY
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.cluster.nodes import PROCESS_NODE_LABEL, gpu_node
+from trainguard_dev.testing.processes import OperatorProcess
 
 
 @pytest.fixture(scope="session")
@@ -105,7 +106,13 @@ def operator(
     if request.param == "chart-rbac":
         release = install(cluster, {"operator": {"watchNamespaces": [namespace]}})
         kubeconfig = token_kubeconfig(cluster, release, tmp_path / "operator-kubeconfig")
-    process = OperatorProcess(cluster, [namespace], tmp_path / "operator.log", kubeconfig)
+    process = OperatorProcess(
+        kubeconfig or cluster.kubeconfig,
+        [namespace],
+        tmp_path / "operator.log",
+        resync_seconds=RESYNC_SECONDS,
+        agent_image=AGENT_IMAGE,
+    )
     process.start()
     failed_before = request.session.testsfailed
     try:

@@ -17,6 +17,8 @@ import pytest
 from trainguard.api import constants
 from trainguard.contract import env
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -80,8 +82,7 @@ def trainer(workdir: Path) -> Iterator[subprocess.Popen[bytes]]:
         env=env_vars,
     )
     yield proc
-    proc.kill()
-    proc.wait()
+    stop_process(proc, sig=signal.SIGKILL)
 
 
 def _start_agent(cluster: Cluster, namespace: str, workdir: Path) -> subprocess.Popen[bytes]:
@@ -115,11 +116,14 @@ def _start_agent(cluster: Cluster, namespace: str, workdir: Path) -> subprocess.
 
 def _wait_verdict(cluster: Cluster, namespace: str, want: str, timeout: float) -> float:
     start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if _lease(cluster, namespace).get(constants.ANNOTATION_VERDICT) == want:
-            return time.monotonic() - start
-        time.sleep(0.1)
-    raise AssertionError(f"verdict {want} not seen in {timeout}s: {_lease(cluster, namespace)}")
+    eventually(
+        lambda: _lease(cluster, namespace).get(constants.ANNOTATION_VERDICT) == want,
+        timeout,
+        f"verdict {want}",
+        0.1,
+        detail=lambda: _lease(cluster, namespace),
+    )
+    return time.monotonic() - start
 
 
 def test_death_is_reported_by_absence_within_seconds(
@@ -139,8 +143,7 @@ def test_death_is_reported_by_absence_within_seconds(
         events = cluster.kubectl("-n", namespace, "get", "events", "-o", "json").stdout
         assert "VerdictDead" in events
     finally:
-        agent.terminate()
-        agent.wait(timeout=10)
+        stop_process(agent)
         print((workdir / "agent.log").read_text())
 
 
@@ -159,5 +162,4 @@ def test_hang_dumps_stacks_then_kills(
         assert stacks
         assert "train_one_step" in stacks[0]
     finally:
-        agent.terminate()
-        agent.wait(timeout=10)
+        stop_process(agent)

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +26,18 @@ from trainguard.api.constants import CRD_NAME
 from trainguard.operator.metrics import ENV_METRICS_PORT
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.cluster.nodes import gpu_node
+from trainguard_dev.testing.polling import eventually, holds
+from trainguard_dev.testing.processes import OperatorProcess
+from trainguard_dev.testing.runs import pinned, training_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-TRAINGUARD = Path(sys.executable).parent / "trainguard"
+BIN_DIR = Path(sys.executable).parent
 POOL_LABEL = "trainguard.dev/test-pool"
 RUN = "charted"
 WAIT_SECONDS = 60.0
 # Short resync: a restarted operator has reconciled every run within seconds.
 RESYNC_SECONDS = 3
-STOP_SECONDS = 10.0
 HTTP_TIMEOUT_SECONDS = 5
 METRIC_NAMES = (
     "trainguard_runs",
@@ -59,66 +59,27 @@ def free_port() -> int:
         return port
 
 
-def eventually(check: Callable[[], Any], what: str, timeout: float = WAIT_SECONDS) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.3)
-    return value
-
-
-def holds(check: Callable[[], Any], what: str, seconds: float) -> None:
-    """Fail unless `check` stays truthy for `seconds`."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert check(), what
-        time.sleep(0.3)
-
-
 def http_get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_SECONDS) as response:
         text: str = response.read().decode()
         return text
 
 
-class Operator:
-    """`trainguard operator` as a subprocess with the chart's token, restartable."""
+class ChartOperator(OperatorProcess):
+    """The operator with the chart's token only, its health and metrics on ports of its own."""
 
     def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
-        self.kubeconfig = kubeconfig
-        self.namespace = namespace
-        self.log_path = log_path
         self.health_port = free_port()
         self.metrics_port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        argv = [
-            str(TRAINGUARD),
-            "operator",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--namespace={self.namespace}",
-            f"--resync-seconds={RESYNC_SECONDS}",
-            "--agent-image=trainguard:e2e",
-            f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
-        ]
-        env = {
-            "PATH": str(TRAINGUARD.parent),
-            ENV_METRICS_PORT: str(self.metrics_port),
-        }
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=STOP_SECONDS)
+        super().__init__(
+            kubeconfig,
+            [namespace],
+            log_path,
+            resync_seconds=RESYNC_SECONDS,
+            agent_image="trainguard:e2e",
+            extra_args=[f"--liveness=http://127.0.0.1:{self.health_port}/healthz"],
+            env={"PATH": str(BIN_DIR), ENV_METRICS_PORT: str(self.metrics_port)},
+        )
 
     def healthy(self) -> bool:
         try:
@@ -129,9 +90,6 @@ class Operator:
 
     def metrics(self) -> str:
         return http_get(f"http://127.0.0.1:{self.metrics_port}/metrics")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
 @pytest.fixture
@@ -160,9 +118,9 @@ def operator(
     release: Release,
     tmp_path: Path,
     request: pytest.FixtureRequest,
-) -> Iterator[Operator]:
+) -> Iterator[ChartOperator]:
     kubeconfig = token_kubeconfig(cluster, release, tmp_path / "token-kubeconfig")
-    running = Operator(kubeconfig, namespace, tmp_path / "operator.log")
+    running = ChartOperator(kubeconfig, namespace, tmp_path / "operator.log")
     running.start()
     failed_before = request.session.testsfailed
     try:
@@ -206,21 +164,12 @@ def sample(metrics: str, name: str, **labels: str) -> float | None:
 
 
 def test_operator_with_the_charts_identity(
-    cluster: Cluster, namespace: str, pool: str, release: Release, operator: Operator
+    cluster: Cluster, namespace: str, pool: str, release: Release, operator: ChartOperator
 ) -> None:
-    eventually(operator.healthy, "kopf's health endpoint")
-    run = {
-        "apiVersion": "trainguard.dev/v1alpha1",
-        "kind": "TrainingRun",
-        "metadata": {"name": RUN},
-        "spec": {
-            "trainer": {"image": "trainer:1", "command": ["python", "train.py"]},
-            "model": {"parameters": 125_000_000},
-            "placement": {"nodeSelector": {POOL_LABEL: pool}},
-        },
-    }
+    eventually(operator.healthy, WAIT_SECONDS, "kopf's health endpoint")
+    run = pinned(training_run(RUN, {"model": {"parameters": 125_000_000}}), POOL_LABEL, pool)
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(run))
-    eventually(lambda: running(cluster, namespace, 1), "attempt 1 training")
+    eventually(lambda: running(cluster, namespace, 1), WAIT_SECONDS, "attempt 1 training")
     # The companions were applied with the chart's token: the agent's Role passed the
     # apiserver's escalation check, so the operator holds what it grants.
     for kind, name in (
@@ -235,7 +184,9 @@ def test_operator_with_the_charts_identity(
 
     # A lost pod: a new attempt, counted as a restart.
     cluster.kubectl("delete", "pod", f"{RUN}-1", "-n", namespace, "--wait=false")
-    restarted = eventually(lambda: running(cluster, namespace, 2), "attempt 2 training")
+    restarted = eventually(
+        lambda: running(cluster, namespace, 2), WAIT_SECONDS, "attempt 2 training"
+    )
     assert restarted["status"]["restarts"] == 1
 
     scraped = eventually(
@@ -244,6 +195,7 @@ def test_operator_with_the_charts_identity(
             and sample(m, "trainguard_restarts_total", namespace=namespace) == 1.0
             and m
         ),
+        WAIT_SECONDS,
         "the restart in the metrics",
     )
     for name in METRIC_NAMES:
@@ -263,14 +215,14 @@ def test_operator_with_the_charts_identity(
     assert "--workers=4" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     operator.stop()
     operator.start()
-    eventually(operator.healthy, "the operator after the upgrade")
+    eventually(operator.healthy, WAIT_SECONDS, "the operator after the upgrade")
     holds(
         lambda: (
             running(cluster, namespace, 2) is not None
             and pods(cluster, namespace)[0]["metadata"]["uid"] == pod_uid
         ),
+        RESYNC_SECONDS * 2,
         "the run keeps training in the same pod across the upgrade",
-        seconds=RESYNC_SECONDS * 2,
     )
 
     # Suspend: the pod goes; the status says so.
@@ -281,6 +233,7 @@ def test_operator_with_the_charts_identity(
             get(cluster, namespace, "trainingrun", RUN)["status"].get("phase") == "Suspended"
             and not pods(cluster, namespace)
         ),
+        WAIT_SECONDS,
         "the run suspended with no pod",
     )
     # Nothing was refused, and kopf had every permission it looks for (it logs when not).

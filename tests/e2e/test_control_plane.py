@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from operator_proc import eventually
 
 from trainguard_dev.cluster import nodes as node_manifests
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.polling import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

@@ -13,17 +13,11 @@ import time
 from typing import Any
 
 import pytest
-from operator_proc import (
-    CREATING_POD,
-    OperatorProcess,
-    apply,
-    eventually,
-    example,
-    get_json,
-    pinned,
-)
+from operator_proc import CREATING_POD, apply, get_json, pool_run
 
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 pytest_plugins = ("operator_fixtures",)
@@ -72,11 +66,7 @@ def test_operator_killed_mid_reconcile_leaves_one_pod_per_run(
     kills = []
     for round_ in range(ROUNDS):
         batch = [f"chaos-{round_}-{i}" for i in range(RUNS_PER_ROUND)]
-        runs = []
-        for name in batch:
-            run = pinned(example("minimal"), node_pool)
-            run["metadata"]["name"] = name
-            runs.append(run)
+        runs = [pool_run(node_pool, name) for name in batch]
         apply(cluster, namespace, *runs)
         if names:
             # An older run loses its pod: its next attempt is due when the operator returns.

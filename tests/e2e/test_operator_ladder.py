@@ -15,19 +15,11 @@ import time
 from typing import Any
 
 import pytest
-from operator_proc import (
-    OperatorProcess,
-    apply,
-    condition,
-    events_of,
-    eventually,
-    example,
-    get_json,
-    pinned,
-    pods_of,
-)
+from operator_proc import apply, condition, events_of, get_json, pods_of, pool_run
 
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 pytest_plugins = ("operator_fixtures",)
@@ -58,9 +50,7 @@ def _renew(
 
 
 def _start(cluster: Cluster, namespace: str, pool: str, **recovery: Any) -> dict[str, Any]:
-    run = pinned(example("minimal"), pool)
-    run["spec"]["recovery"] = recovery
-    apply(cluster, namespace, run)
+    apply(cluster, namespace, pool_run(pool, spec={"recovery": recovery}))
     eventually(
         lambda: _status(cluster, namespace).get("phase") == "Running", 60, "the run to be Running"
     )
@@ -83,7 +73,7 @@ def _taints(cluster: Cluster, node: str) -> list[dict[str, Any]]:
 def test_a_failure_verdict_reaches_the_status_at_once(
     cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
 ) -> None:
-    apply(cluster, namespace, pinned(example("minimal"), node_pool))
+    apply(cluster, namespace, pool_run(node_pool))
     eventually(
         lambda: _status(cluster, namespace).get("phase") == "Running", 60, "the run to be Running"
     )

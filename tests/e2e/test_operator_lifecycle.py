@@ -6,18 +6,11 @@ import json
 from typing import Any
 
 import pytest
-from operator_proc import (
-    OperatorProcess,
-    apply,
-    condition,
-    eventually,
-    example,
-    get_json,
-    pinned,
-    pods_of,
-)
+from operator_proc import apply, condition, get_json, pods_of, pool_run
 
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 pytest_plugins = ("operator_fixtures",)
@@ -63,8 +56,7 @@ def _exists(cluster: Cluster, namespace: str, kind: str, name: str) -> bool:
 def test_suspend_resume_change_and_delete(
     cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
 ) -> None:
-    run = pinned(example("minimal"), node_pool)
-    run["metadata"]["name"] = "life"
+    run = pool_run(node_pool, "life")
     bystanders = [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "life-notes"}, "data": {}},
         {

@@ -9,19 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from operator_proc import (
-    OperatorProcess,
-    apply,
-    condition,
-    events_of,
-    eventually,
-    example,
-    get_json,
-    pinned,
-    pods_of,
-)
+from operator_proc import apply, condition, events_of, get_json, pods_of, pool_run
 
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 pytest_plugins = ("operator_fixtures",)
@@ -86,11 +78,8 @@ def network_claims(cluster: Cluster, namespace: str) -> Iterator[None]:
 
 
 def _run(name: str, pool: str, claim: str, mode: str) -> dict[str, Any]:
-    run = pinned(example("minimal"), pool)
-    run["metadata"]["name"] = name
-    run["spec"]["data"] = {"source": {"pvc": {"claimName": claim}}, "stage": False}
-    run["spec"]["placement"]["networkVolumes"] = mode
-    return run
+    data = {"source": {"pvc": {"claimName": claim}}, "stage": False}
+    return pool_run(pool, name, {"data": data, "placement": {"networkVolumes": mode}})
 
 
 def _progressing(cluster: Cluster, namespace: str, name: str, reason: str) -> dict[str, Any] | None:
@@ -149,10 +138,8 @@ def test_network_volumes_on_the_hot_path(
 def test_a_run_no_node_can_hold_says_why(
     cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
 ) -> None:
-    run = pinned(example("minimal"), node_pool)
-    run["metadata"]["name"] = "huge"
     # 3 x 1 TiB of checkpoints on local disk; the pool's nodes have 400 GiB each.
-    run["spec"]["checkpoints"] = {"size": "1Ti"}
+    run = pool_run(node_pool, "huge", {"checkpoints": {"size": "1Ti"}})
     apply(cluster, namespace, run)
     found_run = eventually(
         lambda: _progressing(cluster, namespace, "huge", "Unschedulable"), 60, "Unschedulable"

@@ -5,19 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from operator_proc import (
-    OperatorProcess,
-    apply,
-    condition,
-    eventually,
-    example,
-    get_json,
-    pinned,
-    pods_of,
-)
+from operator_proc import apply, condition, get_json, pods_of, pool_run
 
 from trainguard.contract import env
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 pytest_plugins = ("operator_fixtures",)
@@ -44,7 +37,7 @@ def test_minimal_example_yields_one_guarded_pod(
 ) -> None:
     excluded = f"{node_pool}-gpu-0"
     # A node the run must avoid (as recorded after a failure), written before the first pod.
-    apply(cluster, namespace, pinned(example("minimal"), node_pool))
+    apply(cluster, namespace, pool_run(node_pool))
     cluster.kubectl(
         "patch", "trainingrun", "minimal", "-n", namespace, "--subresource=status",
         "--type=merge", "-p",

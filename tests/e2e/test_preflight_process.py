@@ -25,28 +25,21 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_proc import (
-    OperatorProcess,
-    apply,
-    condition,
-    events_of,
-    eventually,
-    get_json,
-    pods_of,
-)
-from recovery_helpers import training_run
+from operator_proc import apply, condition, events_of, get_json, pods_of
 
 from trainguard.api.constants import TAINT_UNHEALTHY
 from trainguard.initsteps import preflight
 from trainguard.initsteps import stage_data as staging
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.cluster.procnode import ENV_FILENAME, GPU_SIM_FILENAME
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess
+from trainguard_dev.testing.runs import make_shards, reference_run
 
 pytest_plugins = ("operator_fixtures",)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -62,17 +55,11 @@ TEST_FLOOR_MBPS = "5"
 @pytest.fixture
 def shards(tmp_path: Path) -> Path:
     """Synthetic token shards, the run's data source (file://)."""
-    out = tmp_path / "shards"
-    subprocess.run(
-        [sys.executable, "-m", "trainguard_harness.shards", "--out", str(out), "--shards",
-         str(SHARDS), "--tokens", "20000", "--vocab-size", "256", "--seed", "3"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    return out
+    return make_shards(tmp_path / "shards", shards=SHARDS, tokens=20_000, seed=3)
 
 
 def _run(name: str, shards: Path) -> dict[str, Any]:
-    return training_run(name, shards, 20, monitor={"startupGraceSeconds": 5})
+    return reference_run(name, shards, 20, {"monitor": {"startupGraceSeconds": 5}})
 
 
 def _node_dir(cluster: Cluster, node: str) -> Path:

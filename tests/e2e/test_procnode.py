@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_proc import eventually
 
 from trainguard_dev.cluster.cluster import Cluster, _pid_alive
 from trainguard_dev.cluster.nodes import PROCESS_NODE_LABEL, process_node_name
 from trainguard_dev.cluster.procnode import ENV_FILENAME
+from trainguard_dev.testing.polling import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

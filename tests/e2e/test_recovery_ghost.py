@@ -23,18 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_proc import OperatorProcess, apply, events_of, eventually, get_json
-from recovery_helpers import (
-    bound_pod,
-    heartbeat,
-    make_shards,
-    read_json,
-    state_dir,
-    status_of,
-    training_run,
-)
+from operator_proc import apply, events_of, get_json
+from recovery_helpers import bound_pod, status_of
 
-from integration.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
 from trainguard.api.constants import (
     LABEL_RUN,
     SECRET_KEY_S3_ACCESS_KEY_ID,
@@ -43,6 +34,11 @@ from trainguard.api.constants import (
     TAINT_UNHEALTHY,
 )
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.pods import heartbeat, read_json, state_dir
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess, stop_process
+from trainguard_dev.testing.runs import make_shards, reference_run
+from trainguard_dev.testing.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
 
 pytest_plugins = ("operator_fixtures", "integration.s3_fixtures")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -72,25 +68,19 @@ def _secret(seaweedfs: SeaweedFS) -> dict[str, Any]:
 
 
 def _run(shards: Path, bucket: str) -> dict[str, Any]:
-    return training_run(
+    layer = {"name": LAYER, "uri": f"s3://{bucket}/{RUN}", "credentialsSecret": {"name": SECRET}}
+    return reference_run(
         RUN,
         shards,
         EVERY_STEPS,
-        checkpoints={
-            "flushTimeoutSeconds": 5,
-            "remote": [
-                {
-                    "name": LAYER,
-                    "uri": f"s3://{bucket}/{RUN}",
-                    "credentialsSecret": {"name": SECRET},
-                }
-            ],
+        {
+            "checkpoints": {"flushTimeoutSeconds": 5, "remote": [layer]},
+            "monitor": {
+                "startupGraceSeconds": 5,
+                "ghostMemory": {"releaseTimeoutSeconds": RELEASE_SECONDS},
+            },
+            "recovery": {"backoff": {"initialSeconds": 1, "maxSeconds": 10}},
         },
-        monitor={
-            "startupGraceSeconds": 5,
-            "ghostMemory": {"releaseTimeoutSeconds": RELEASE_SECONDS},
-        },
-        recovery={"backoff": {"initialSeconds": 1, "maxSeconds": 10}},
     )
 
 
@@ -118,8 +108,7 @@ class PodWatch:
 
     def stop(self) -> set[tuple[str, str]]:
         """Stop watching; every binding seen."""
-        self.process.terminate()
-        self.process.wait(timeout=10)
+        stop_process(self.process)
         self._thread.join(timeout=10)
         return set(self.bindings)
 
@@ -146,7 +135,7 @@ def test_memory_held_after_a_death_moves_the_run_to_a_fresh_node_restored_from_s
         apply(cluster, namespace, _secret(seaweedfs), _run(shards, bucket))
         first = eventually(lambda: bound_pod(cluster, namespace, RUN, 1), what="attempt 1 bound")
         node_a = first["spec"]["nodeName"]
-        state_a = state_dir(cluster, namespace, first)
+        state_a = state_dir(cluster.root, first)
 
         # Trained, and a checkpoint verified on the S3 layer, as the run's status says.
         def shipped() -> int | None:
@@ -194,7 +183,7 @@ def test_memory_held_after_a_death_moves_the_run_to_a_fresh_node_restored_from_s
         )
         node_b = second["spec"]["nodeName"]
         assert node_b != node_a
-        state_b = state_dir(cluster, namespace, second)
+        state_b = state_dir(cluster.root, second)
         restored = eventually(
             lambda: read_json(state_b / "restore.json"), timeout=90, what="attempt 2 restored"
         )

@@ -26,20 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_proc import OperatorProcess, apply, events_of, eventually, pods_of
-from recovery_helpers import (
-    bound_pod,
-    checkpointed,
-    heartbeat,
-    make_shards,
-    read_json,
-    state_dir,
-    status_of,
-    training_run,
-)
+from operator_proc import apply, events_of, pods_of
+from recovery_helpers import bound_pod, status_of
 
 from trainguard.agent.main import STACK_EVENT_BYTES, STACK_WAIT_S
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.pods import checkpointed, heartbeat, read_json, state_dir
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess
+from trainguard_dev.testing.runs import make_shards, reference_run
 
 pytest_plugins = ("operator_fixtures",)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -61,21 +56,23 @@ def test_a_stopped_trainer_is_hung_dumped_killed_and_restarted_in_place(
     process_nodes: list[str],
 ) -> None:
     shards = make_shards(tmp_path / "shards")
-    run = training_run(
+    run = reference_run(
         "hang",
         shards,
         EVERY_STEPS,
-        monitor={
-            "intervalSeconds": INTERVAL_S,
-            "hangAfterSeconds": HANG_AFTER_S,
-            "slowAfterSeconds": 3,
-            "startupGraceSeconds": 5,
+        {
+            "monitor": {
+                "intervalSeconds": INTERVAL_S,
+                "hangAfterSeconds": HANG_AFTER_S,
+                "slowAfterSeconds": 3,
+                "startupGraceSeconds": 5,
+            },
+            "recovery": {"backoff": {"initialSeconds": 1, "maxSeconds": 1}},
         },
-        recovery={"backoff": {"initialSeconds": 1, "maxSeconds": 1}},
     )
     apply(cluster, namespace, run)
     pod = eventually(lambda: bound_pod(cluster, namespace, "hang"), what="pod bound to a node")
-    state = state_dir(cluster, namespace, pod)
+    state = state_dir(cluster.root, pod)
     eventually(lambda: checkpointed(state, EVERY_STEPS), timeout=120, what="a checkpoint")
     eventually(
         lambda: status_of(cluster, namespace, "hang").get("verdict") == "Healthy",

@@ -18,20 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_proc import OperatorProcess, apply, events_of, eventually, get_json, pods_of
-from recovery_helpers import (
-    bound_pod,
-    checkpointed,
-    heartbeat,
-    make_shards,
-    read_json,
-    state_dir,
-    status_of,
-    training_run,
-)
+from operator_proc import apply, events_of, get_json, pods_of
+from recovery_helpers import bound_pod, status_of
 
 from trainguard.api.constants import TAINT_UNHEALTHY
 from trainguard_dev.cluster.cluster import NODE_MONITOR_GRACE, Cluster
+from trainguard_dev.testing.pods import checkpointed, heartbeat, read_json, state_dir
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess
+from trainguard_dev.testing.runs import make_shards, reference_run
 
 pytest_plugins = ("operator_fixtures",)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -70,21 +65,22 @@ def test_a_lost_node_moves_the_run_to_another_node_restored_from_the_remote_laye
     shards = make_shards(tmp_path / "shards")
     remote = tmp_path / "remote"
     remote.mkdir()
-    run = training_run(
+    run = reference_run(
         "lost",
         shards,
         EVERY_STEPS,
-        checkpoints={
-            "everySteps": EVERY_STEPS,
-            "remote": [{"name": "backup", "uri": f"file://{remote}", "contents": "full"}],
+        {
+            "checkpoints": {
+                "remote": [{"name": "backup", "uri": f"file://{remote}", "contents": "full"}],
+            },
+            "monitor": {"startupGraceSeconds": 5, "leaseDurationSeconds": LEASE_S},
+            "recovery": {"backoff": {"initialSeconds": 1, "maxSeconds": 2}},
         },
-        monitor={"startupGraceSeconds": 5, "leaseDurationSeconds": LEASE_S},
-        recovery={"backoff": {"initialSeconds": 1, "maxSeconds": 2}},
     )
     apply(cluster, namespace, run)
     pod = eventually(lambda: bound_pod(cluster, namespace, "lost"), what="attempt 1 bound")
     node_a = pod["spec"]["nodeName"]
-    state = state_dir(cluster, namespace, pod)
+    state = state_dir(cluster.root, pod)
     eventually(lambda: checkpointed(state, 2 * EVERY_STEPS), timeout=120, what="checkpoints")
     shipped = eventually(lambda: _shipped(remote), timeout=60, what="a checkpoint shipped")
     before = heartbeat(state)
@@ -116,7 +112,7 @@ def test_a_lost_node_moves_the_run_to_another_node_restored_from_the_remote_laye
     assert [p["metadata"]["name"] for p in pods_of(cluster, namespace, "lost")] == ["lost-2"]
 
     # Restored from the remote layer, and training on from there.
-    state_b = state_dir(cluster, namespace, second)
+    state_b = state_dir(cluster.root, second)
     restore = eventually(lambda: read_json(state_b / "restore.json"), timeout=60, what="restore")
     assert restore["from_layer"] == "backup" and restore["step"] >= shipped, restore
 

@@ -10,7 +10,6 @@ on from the newest L1 checkpoint, losing at most one checkpoint interval.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -18,10 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_proc import OperatorProcess, apply, events_of, eventually, get_json, pods_of
-from recovery_helpers import make_shards, training_run
+from operator_proc import apply, events_of, get_json, pods_of
+from recovery_helpers import bound_pod
 
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.pods import checkpointed, heartbeat, state_dir
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess
+from trainguard_dev.testing.runs import make_shards, reference_run
 
 pytest_plugins = ("operator_fixtures",)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -36,15 +39,7 @@ def shards(tmp_path: Path) -> Path:
 
 
 def _run(name: str, shards: Path) -> dict[str, Any]:
-    return training_run(name, shards, EVERY_STEPS, monitor={"startupGraceSeconds": 5})
-
-
-def _heartbeat(state: Path) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads((state / "heartbeat.json").read_text())
-        return data
-    except (OSError, ValueError):
-        return None
+    return reference_run(name, shards, EVERY_STEPS, {"monitor": {"startupGraceSeconds": 5}})
 
 
 def test_silent_death_is_detected_in_seconds_and_resumed_in_place(
@@ -56,21 +51,16 @@ def test_silent_death_is_detected_in_seconds_and_resumed_in_place(
 ) -> None:
     apply(cluster, namespace, _run("silent", shards))
 
-    def bound() -> dict[str, Any] | None:
-        pods = pods_of(cluster, namespace, "silent")
-        return next((p for p in pods if p["spec"].get("nodeName")), None)
-
-    pod = eventually(bound, what="pod bound to a process-backed node")
-    node, uid, pod_name = pod["spec"]["nodeName"], pod["metadata"]["uid"], pod["metadata"]["name"]
-    state = cluster.root / "procnodes" / node / "pods" / f"{namespace}_{pod_name}_{uid}"
-    state = state / "volumes" / "state"
-
-    def checkpointed() -> dict[str, Any] | None:
-        beat = _heartbeat(state)
-        ok = beat and (beat.get("last_checkpoint_step") or 0) >= 2 * EVERY_STEPS
-        return beat if ok else None
-
-    eventually(checkpointed, timeout=120, what="training with two checkpoints")
+    pod = eventually(
+        lambda: bound_pod(cluster, namespace, "silent"), what="pod bound to a process-backed node"
+    )
+    pod_name = pod["metadata"]["name"]
+    state = state_dir(cluster.root, pod)
+    eventually(
+        lambda: checkpointed(state, 2 * EVERY_STEPS),
+        timeout=120,
+        what="training with two checkpoints",
+    )
     eventually(
         lambda: (
             get_json(cluster, "tr", "silent", "-n", namespace).get("status", {}).get("verdict")
@@ -78,7 +68,7 @@ def test_silent_death_is_detected_in_seconds_and_resumed_in_place(
         ),
         what="Healthy verdict in the status",
     )
-    before = _heartbeat(state)
+    before = heartbeat(state)
     assert before is not None
     killed_at = time.monotonic()
     os.kill(int(before["pid"]), signal.SIGKILL)
@@ -94,7 +84,7 @@ def test_silent_death_is_detected_in_seconds_and_resumed_in_place(
     assert status["lastFailure"]["cause"] == "Dead"
 
     def resumed() -> dict[str, Any] | None:
-        beat = _heartbeat(state)
+        beat = heartbeat(state)
         advanced = (
             beat and beat["pid"] != before["pid"] and (beat.get("step") or 0) > before["step"]
         )

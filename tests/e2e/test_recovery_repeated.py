@@ -14,23 +14,18 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_proc import OperatorProcess, apply, condition, eventually, get_json, pods_of
-from recovery_helpers import (
-    bound_pod,
-    checkpointed,
-    heartbeat,
-    make_shards,
-    state_dir,
-    status_of,
-    training_run,
-)
+from operator_proc import apply, condition, get_json, pods_of
+from recovery_helpers import bound_pod, status_of
 
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.pods import checkpointed, heartbeat, state_dir
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess
+from trainguard_dev.testing.runs import make_shards, reference_run
 
 pytest_plugins = ("operator_fixtures",)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -57,22 +52,24 @@ def test_a_second_death_near_the_same_step_stops_or_continues_as_configured(
 ) -> None:
     shards = make_shards(tmp_path / "shards")
     for name, policy in RUNS.items():
-        run = training_run(
+        run = reference_run(
             name,
             shards,
             EVERY_STEPS,
-            monitor={"startupGraceSeconds": 5},
-            recovery={
-                "sameStepWindow": WINDOW,
-                "onRepeatedFailure": policy,
-                "backoff": {"initialSeconds": 1, "maxSeconds": 2},
+            {
+                "monitor": {"startupGraceSeconds": 5},
+                "recovery": {
+                    "sameStepWindow": WINDOW,
+                    "onRepeatedFailure": policy,
+                    "backoff": {"initialSeconds": 1, "maxSeconds": 2},
+                },
             },
         )
         apply(cluster, namespace, run)
     states = {}
     for name in RUNS:
         pod = eventually(lambda n=name: bound_pod(cluster, namespace, n), what=f"{name} bound")
-        states[name] = state_dir(cluster, namespace, pod)
+        states[name] = state_dir(cluster.root, pod)
     for name, state in states.items():
         eventually(lambda s=state: checkpointed(s, EVERY_STEPS), timeout=120, what=f"{name} ckpt")
 
@@ -93,13 +90,20 @@ def test_a_second_death_near_the_same_step_stops_or_continues_as_configured(
 
     # Both watched at once: each trainer is killed as soon as its restart wrote a step.
     second: dict[str, dict[str, Any]] = {}
-    deadline = time.monotonic() + 90
-    while len(second) < len(RUNS):
-        assert time.monotonic() < deadline, f"not resumed: {set(RUNS) - set(second)}"
+
+    def each_killed_again() -> bool:
         for name in set(RUNS) - set(second):
             if resumed(name):
                 second[name] = _kill_trainer(states[name])
-        time.sleep(0.1)
+        return len(second) == len(RUNS)
+
+    eventually(
+        each_killed_again,
+        90,
+        "each trainer resumed (and killed again)",
+        0.1,
+        detail=lambda: f"not resumed: {set(RUNS) - set(second)}",
+    )
     for name in RUNS:
         assert abs(second[name]["step"] - first[name]["step"]) <= WINDOW, (first, second)
 

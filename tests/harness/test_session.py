@@ -6,7 +6,6 @@ import json
 import os
 import random
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +17,7 @@ import torch
 from harness_helpers import fill_until_free
 
 from trainguard.ckpt import Contents, copy_checkpoint, scan
+from trainguard_dev.testing.polling import eventually
 from trainguard_harness import heartbeat as hb
 from trainguard_harness import session as session_module
 from trainguard_harness.session import MissingComponentError, TrainingSession
@@ -157,8 +157,7 @@ def test_full_disk_policy(
     fill_until_free(disk, 2_000)
     train_step(session, model, counter)
     session.end_step(2)  # the save of step 2 is handed to the background and fails there
-    while session.writer.busy:
-        time.sleep(0.01)
+    eventually(lambda: not session.writer.busy, 30, "the background save to end", 0.01)
     train_step(session, model, counter)
     if policy is OnSaveError.STOP:
         with pytest.raises(CheckpointSaveError, match="No space left"):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from trainguard_dev.testing.polling import eventually
 from trainguard_harness.stackdump import stacks_path
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -43,10 +43,12 @@ def test_sigusr1_dumps_all_threads_without_killing(tmp_path: Path) -> None:
     assert child.stdout.readline().strip() == "ready"
     child.send_signal(signal.SIGUSR1)
     dump = stacks_path(tmp_path, child.pid)
-    deadline = time.monotonic() + 10
-    while "main_loop_waiting" not in (dump.read_text() if dump.exists() else ""):
-        assert time.monotonic() < deadline, "no stack dump"
-        time.sleep(0.05)
+    eventually(
+        lambda: "main_loop_waiting" in (dump.read_text() if dump.exists() else ""),
+        10,
+        "a stack dump",
+        0.05,
+    )
     text = dump.read_text()
     assert "stuck_in_a_read" in text and "main_loop_waiting" in text
     assert "Current thread 0x" in text and text.count("hread 0x") == 2  # both threads

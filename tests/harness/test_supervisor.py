@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from trainguard_dev.testing.polling import eventually
+
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
 
@@ -33,11 +35,13 @@ def read_state(state_file: Path) -> dict[str, Any]:
 
 
 def wait_for(path: Path, timeout: float = 20) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists() or not path.read_text().endswith("\n"):
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
-    return path.read_text()
+    """The file's text once it is written completely (a whole last line)."""
+
+    def written() -> str | None:
+        text = path.read_text() if path.exists() else ""
+        return text if text.endswith("\n") else None
+
+    return eventually(written, timeout, f"{path} to appear", 0.02)
 
 
 DIES_ONCE_BY_SIGKILL = """
@@ -131,13 +135,15 @@ def test_leftover_processes_of_a_dead_child_are_killed(tmp_path: Path) -> None:
     process, state_file = supervise(tmp_path, LEAVES_A_WORKER_BEHIND, "--max-restarts", "0")
     assert process.wait(timeout=30) == 1
     worker = int(wait_for(tmp_path / "worker"))
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{worker}").exists():
-        status = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        if status == "Z":
-            break  # dead, waiting for its parent (init) to reap it
-        assert time.monotonic() < deadline, "the worker outlived its training process"
-        time.sleep(0.05)
+
+    def worker_dead() -> bool:
+        try:
+            status = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True  # gone
+        return status == "Z"  # dead, waiting for its parent (init) to reap it
+
+    eventually(worker_dead, 10, "the worker to die with its training process", 0.05)
     assert read_state(state_file)["history"][0]["leftover_processes"] == 1
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from harness_helpers import fill_until_free
 
 from trainguard.ckpt import BLAKE3, SHA256, find_newest_valid, scan
 from trainguard.ckpt.layout import O_DIRECT
+from trainguard_dev.testing.polling import eventually
 from trainguard_harness import writer as writer_module
 from trainguard_harness.reader import load_newest
 from trainguard_harness.writer import (
@@ -174,8 +174,7 @@ def test_errors_surface_at_check_without_waiting(
     assert writer.busy
     writer.check()  # the persist is still running: nothing to report yet, and no waiting
     fail.set()
-    while writer.busy:
-        time.sleep(0.01)
+    eventually(lambda: not writer.busy, 30, "the persist to end", 0.01)
     with pytest.raises(CheckpointSaveError, match="Input/output error") as raised:
         writer.check()
     assert raised.value.errno == errno.EIO

@@ -1,11 +1,11 @@
 """Fixtures of the remote-layer tests: SeaweedFS (S3), OpenSSH's sshd and a Hub stand-in.
 
-The servers (see `servers`) are installed by `hack/install-test-services.sh`, run once per test
-session on free loopback ports with their data in temporary directories, and are stopped at
-the end. The S3 server and its buckets are `s3_fixtures`, a plugin shared with the end-to-end
-scenarios. A test can kill and restart the S3 server (same ports, same data) or drop every SSH
-connection. The Hugging Face Hub cannot run here: `hub_standin` is a local stand-in of its
-upload API, one per test.
+The servers (see `trainguard_dev.testing.servers`) are installed by
+`hack/install-test-services.sh`, run once per test session on free loopback ports with their
+data in temporary directories, and are stopped at the end. The S3 server and its buckets are
+`s3_fixtures`, a plugin shared with the end-to-end scenarios. A test can kill and restart the S3
+server (same ports, same data) or drop every SSH connection. The Hugging Face Hub cannot run
+here: `hub_standin` is a local stand-in of its upload API, one per test.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Iterator
 import huggingface_hub.constants
 import pytest
 from hub_standin import HubServer
-from servers import INSTALL_HINT, SSHD, Sshd, start_sshd
+
+from trainguard_dev.testing.servers import INSTALL_HINT, SSHD, Sshd, start_sshd
 
 HF_TOKEN = "hf_trainguardTestToken0123456789"
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from integration.servers import INSTALL_HINT, WEED, SeaweedFS
+from trainguard_dev.testing.servers import INSTALL_HINT, WEED, SeaweedFS
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from layer_helpers import MIB, Counting, assert_same_checkpoint, save
-from servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
 
 from trainguard.agent.shipper import FAILED, Shipper
 from trainguard.api.constants import (
@@ -20,6 +19,7 @@ from trainguard.initsteps.restore import restore
 from trainguard.layers import COST, Credentials, FileLayer, LayerConfig, LayerError
 from trainguard.layers.base import FINGERPRINTS_FILENAME, RemoteLayer, step_key
 from trainguard.layers.s3 import MIN_PART_BYTES, open_s3
+from trainguard_dev.testing.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
 
 pytest_plugins = ("integration.s3_fixtures",)
 pytestmark = pytest.mark.e2e

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 from layer_helpers import MIB, Counting, assert_same_checkpoint, save
-from servers import Sshd
 
 from trainguard.agent.shipper import Shipper
 from trainguard.api.constants import SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_PRIVATE_KEY
@@ -21,6 +19,8 @@ from trainguard.layers import (
 )
 from trainguard.layers.base import RemoteLayer
 from trainguard.layers.ssh import PARTIAL_SUFFIX
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.servers import Sshd
 
 pytestmark = pytest.mark.e2e
 
@@ -68,9 +68,9 @@ def test_dropped_connection_resumes_at_the_offset(sshd: Sshd, tmp_path: Path) ->
 
     def drop_once_data_landed() -> None:
         # Writes are pipelined: wait until the server has stored some, then cut the line.
-        deadline = time.monotonic() + 10
-        while not (partial.exists() and partial.stat().st_size) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        eventually(
+            lambda: partial.exists() and partial.stat().st_size, 10, "data on the server", 0.01
+        )
         assert sshd.drop_connections() > 0
 
     with pytest.raises(LayerError):

@@ -1,29 +1,18 @@
-"""TrainingRuns for the operator's unit tables: a small valid run, changed per case."""
+"""TrainingRuns for the operator's unit tables: the small valid run, changed per case, parsed.
+
+The manifest is `trainguard_dev.testing.runs.training_run`'s; this adds the namespace and the
+metadata the apiserver sets, and parses it as the operator would.
+"""
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from trainguard.api import TrainingRun
+from trainguard_dev.testing.runs import training_run
 
 NAMESPACE = "team-a"
 UID = "uid-1"
-BASE_SPEC: dict[str, Any] = {
-    "trainer": {"image": "trainer:1", "command": ["python", "train.py"]},
-    "model": {"parameters": 1_000_000_000},
-}
-
-
-def merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """`base` with `changes` merged in, nested dicts merged key by key."""
-    merged = copy.deepcopy(base)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
 
 
 def make_run(
@@ -32,13 +21,12 @@ def make_run(
     name: str = "llm",
     generation: int = 1,
 ) -> TrainingRun:
-    """A parsed run: BASE_SPEC merged with `spec`, with the metadata the apiserver sets."""
-    body: dict[str, Any] = {
-        "apiVersion": "trainguard.dev/v1alpha1",
-        "kind": "TrainingRun",
-        "metadata": {"name": name, "namespace": NAMESPACE, "uid": UID, "generation": generation},
-        "spec": merge(BASE_SPEC, spec or {}),
-    }
-    if status is not None:
-        body["status"] = status
-    return TrainingRun.from_object(body)
+    """A parsed run: the small valid spec with `spec` merged in, as the apiserver returns it."""
+    manifest = training_run(
+        name,
+        spec,
+        namespace=NAMESPACE,
+        metadata={"uid": UID, "generation": generation},
+        status=status,
+    )
+    return TrainingRun.from_object(manifest)

@@ -20,6 +20,7 @@ import pytest
 from trainguard.agent.main import Agent
 from trainguard.api import constants
 from trainguard.contract import env
+from trainguard_dev.testing.polling import eventually
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -99,11 +100,13 @@ def test_a_hung_trainer_is_dumped_reported_then_killed_and_stays_hung(tmp_path: 
     ).format(str(Path(__file__).resolve().parents[2] / "trainer-image"), str(state))
     pid = start_trainer(state, 10, script)
     time.sleep(1.0)  # its handler registered
-    verdicts = []
-    deadline = time.monotonic() + 10
-    while "Hung" not in verdicts and time.monotonic() < deadline:
+    verdicts: list[str] = []
+
+    def hung() -> bool:
         verdicts.append(loop.step().name)
-        time.sleep(0.3)
+        return verdicts[-1] == "Hung"
+
+    eventually(hung, 10, "the verdict Hung", detail=lambda: verdicts)
     assert verdicts[-1] == "Hung", verdicts
     reasons = [e[0] for e in api.events]
     assert reasons[-2:] == ["VerdictHung", "HungTrainerStacks"], reasons

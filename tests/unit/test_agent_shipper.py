@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from trainguard.agent.shipper import FAILED, SHIPPER_NICE, VERIFIED, Shipper
 from trainguard.ckpt import CheckpointTransaction, Contents, scan, step_dirname
 from trainguard.initsteps.restore import restore
 from trainguard.layers import FileLayer, LayerConfig, Transfer, open_layer
+from trainguard_dev.testing.polling import eventually
 
 pytestmark = pytest.mark.unit
 
@@ -145,10 +145,7 @@ def test_shipping_runs_at_a_lower_cpu_priority_than_training(tmp_path: Path) -> 
     shipper = Shipper(l1, [layer], poll_s=0.05)
     shipper.start()
     try:
-        for _ in range(200):
-            if layer.steps():
-                break
-            time.sleep(0.05)
+        eventually(layer.steps, 10, "a shipped checkpoint", 0.05)
         assert shipper.native_id is not None
         assert _nice_of_thread(shipper.native_id) == SHIPPER_NICE
     finally:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from run_factory import make_run
 
 from trainguard.api import TrainingRun
 from trainguard.operator.build.lease import lease
@@ -15,17 +16,7 @@ from trainguard.operator.build.serviceaccount import service_account
 
 pytestmark = pytest.mark.unit
 
-RUN = TrainingRun.from_object(
-    {
-        "apiVersion": "trainguard.dev/v1alpha1",
-        "kind": "TrainingRun",
-        "metadata": {"name": "llm", "namespace": "team-a", "uid": "uid-1"},
-        "spec": {
-            "trainer": {"image": "trainer:1", "command": ["python", "train.py"]},
-            "monitor": {"leaseDurationSeconds": 30},
-        },
-    }
-)
+RUN = make_run({"monitor": {"leaseDurationSeconds": 30}})
 OWNER = {
     "apiVersion": "trainguard.dev/v1alpha1",
     "kind": "TrainingRun",

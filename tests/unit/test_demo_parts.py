@@ -31,7 +31,7 @@ def test_the_checked_in_demo_run_is_valid_and_says_what_the_demo_changes() -> No
 
 def test_the_demo_run_gets_the_demos_paths_and_stays_valid(tmp_path: Path) -> None:
     shards, remote = tmp_path / "shards", tmp_path / "remote"
-    manifest = demo_env.demo_run(REPO, "demo-x", shards, remote)
+    manifest = demo_env.demo_run("demo-x", shards, remote)
     run = TrainingRun.model_validate(manifest)
     assert run.metadata.name == "demo-x"
     assert run.spec.data is not None and str(run.spec.data.source.uri) == f"file://{shards}"

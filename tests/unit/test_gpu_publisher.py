@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from trainguard import gpu
 from trainguard.ckpt.hashing import XXH3_128, canonical_algorithm, new_hasher
+from trainguard_dev.testing.polling import eventually
 from trainguard_harness.gpu_publisher import GpuPublisher
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -47,11 +47,9 @@ def test_supervise_publishes_readings_next_to_the_heartbeat(tmp_path: Path) -> N
         [sys.executable, "-m", "trainguard.cli.main", "supervise", "--", "sleep", "3"], env=env
     )
     try:
-        deadline = time.monotonic() + 20
-        snapshot = None
-        while time.monotonic() < deadline and snapshot is None:
-            snapshot = gpu.read_published(tmp_path / "gpu.json")
-            time.sleep(0.1)
+        snapshot = eventually(
+            lambda: gpu.read_published(tmp_path / "gpu.json"), 20, "published readings", 0.1
+        )
         assert snapshot is not None
         assert snapshot.source == gpu.SOURCE_SIMULATED
     finally:

@@ -11,6 +11,7 @@ import pytest
 from trainguard.agent.shipper import UPLOADING, VERIFIED, RateLimiter, Shipper
 from trainguard.ckpt import CheckpointTransaction
 from trainguard.layers import LayerConfig, Transfer
+from trainguard_dev.testing.polling import eventually
 
 pytestmark = pytest.mark.unit
 
@@ -129,9 +130,7 @@ def test_a_stopped_shipper_can_be_joined(tmp_path: Path) -> None:
     _save(tmp_path, 1)
     shipper = Shipper(tmp_path, [layer], poll_s=0.05)
     shipper.start()
-    deadline = time.monotonic() + 5
-    while not layer.stored and time.monotonic() < deadline:
-        time.sleep(0.01)
+    eventually(lambda: layer.stored, 5, "a stored checkpoint", 0.01)
     shipper.stop()
     shipper.join(timeout=5)
     assert not shipper.is_alive()

@@ -32,6 +32,7 @@ from trainguard.initsteps.sources import (
     read_chunks,
 )
 from trainguard.operator.policies import initsteps
+from trainguard_dev.testing.polling import eventually
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -39,7 +40,7 @@ SHARDS = 200
 CONTROL = staging.CONTROL_DIRNAME
 
 
-def make_shards(root: Path, count: int = SHARDS, seed: int = 8) -> dict[str, bytes]:
+def write_shard_files(root: Path, count: int = SHARDS, seed: int = 8) -> dict[str, bytes]:
     """`count` shards of 2-4 KB in two subdirectories; returns relative path -> contents."""
     rng = random.Random(seed)
     shards = {}
@@ -140,7 +141,7 @@ def termination_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def shards(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
     source = tmp_path / "source"
-    contents = make_shards(source)
+    contents = write_shard_files(source)
     return source, contents
 
 
@@ -280,11 +281,12 @@ def test_killed_half_way_resumes_without_copying_verified_files_again(
     dest = tmp_path / "data"
     args = ("--source", str(source), "--dest", str(dest), "--jobs", "2")
     first = _cli(tmp_path, *args, inject=f"{staging.INJECT_SLOW_FILES}0.05")
-    deadline = time.monotonic() + 30
-    while len(staged_files(dest) if dest.exists() else {}) < SHARDS // 4:
+
+    def a_quarter_staged() -> bool:
         assert first.poll() is None, "staging ended before it was killed"
-        assert time.monotonic() < deadline, "staging made no progress"
-        time.sleep(0.02)
+        return len(staged_files(dest) if dest.exists() else {}) >= SHARDS // 4
+
+    eventually(a_quarter_staged, 30, "a quarter of the shards staged", 0.02)
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=10)
     present = {

@@ -3,16 +3,15 @@
 The generated CRD; the operator's identity exactly as the Helm chart grants it (the chart's
 ServiceAccount and RBAC, rendered by the pinned helm and applied, and a kubeconfig holding
 only that ServiceAccount's token); the operator as a local process watching the demo's
-namespace; the run's data (synthetic token shards) and a directory standing for its remote
-layer; and the run itself, from ``examples/demo.yaml`` with the demo's own paths.
+namespace; and the run itself, from ``examples/demo.yaml`` with the demo's own paths: its
+data (synthetic token shards) and a directory standing for its remote layer. The operator
+process, the shards and the run's manifest are built by `trainguard_dev.testing`.
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,8 @@ import yaml
 from trainguard.api.constants import CRD_NAME
 from trainguard_dev import crdgen
 from trainguard_dev.cluster.cluster import Cluster, ClusterError
+from trainguard_dev.testing.processes import OperatorProcess
+from trainguard_dev.testing.runs import example_run, file_data
 
 Obj = dict[str, Any]
 
@@ -30,11 +31,9 @@ RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
 FIELD_MANAGER = "trainguard-demo"
 TOKEN_DURATION = "24h"
 # The operator re-reads every run this often: short, so the demo never waits on a resync.
-RESYNC_SECONDS = "3"
+RESYNC_SECONDS = 3
 # Procnode ignores images; the agent and init steps run from this installation.
 AGENT_IMAGE = "trainguard:demo"
-STOP_SECONDS = 10.0
-SHARD_ARGS = ("--shards", "2", "--tokens", "100000", "--vocab-size", "256", "--seed", "1")
 HELM_TIMEOUT_SECONDS = 120
 
 
@@ -123,60 +122,16 @@ def operator_identity(
     return account, path
 
 
-class OperatorProcess:
-    """`trainguard operator` as a local process, its output in a log file."""
-
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
-        self.kubeconfig = kubeconfig
-        self.namespace = namespace
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        """Start the operator, watching the demo's namespace only."""
-        argv = [
-            sys.executable, "-m", "trainguard.cli.main", "operator",
-            "--kubeconfig", str(self.kubeconfig), "--namespace", self.namespace,
-            "--resync-seconds", RESYNC_SECONDS, "--agent-image", AGENT_IMAGE,
-        ]  # fmt: skip
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-
-    def alive(self) -> bool:
-        """Whether the operator process is running."""
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it does not exit in time (idempotent)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=STOP_SECONDS)
+def operator_process(kubeconfig: Path, namespace: str, log_path: Path) -> OperatorProcess:
+    """The operator (not started yet), watching the demo's namespace only."""
+    return OperatorProcess(
+        kubeconfig, [namespace], log_path, resync_seconds=RESYNC_SECONDS, agent_image=AGENT_IMAGE
+    )
 
 
-def make_shards(out: Path) -> Path:
-    """A few synthetic token shards (reused when a previous demo wrote them completely)."""
-    if out.is_dir():
-        return out
-    partial = out.with_name(out.name + ".partial")
-    subprocess.run(
-        [sys.executable, "-m", "trainguard_harness.shards", "--out", str(partial), *SHARD_ARGS],
-        check=True, capture_output=True, timeout=120,
-    )  # fmt: skip
-    partial.rename(out)
-    return out
-
-
-def demo_run(repo: Path, name: str, shards: Path, remote: Path) -> Obj:
+def demo_run(name: str, shards: Path, remote: Path) -> Obj:
     """examples/demo.yaml with the demo's run name, data source and remote layer."""
-    run: Obj = yaml.safe_load((repo / "examples" / "demo.yaml").read_text())
-    run["metadata"]["name"] = name
-    spec = run["spec"]
-    spec["data"]["source"]["uri"] = f"file://{shards}"
-    (layer,) = spec["checkpoints"]["remote"]
+    run = example_run("demo", name, {"data": file_data(shards)})
+    (layer,) = run["spec"]["checkpoints"]["remote"]
     layer["uri"] = f"file://{remote}"
     return run

@@ -42,6 +42,9 @@ from trainguard_dev.cluster.nodes import process_node_name
 from trainguard_dev.cluster.procnode import ENV_FILENAME
 from trainguard_dev.demo import env as demo_env
 from trainguard_dev.demo.watch import L1, Checkpoints, Display, Observer, PodView, progress_line
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess
+from trainguard_dev.testing.runs import make_shards
 
 DEMO_CLUSTER = "demo"
 NAMESPACE = "trainguard-demo"
@@ -115,7 +118,7 @@ class Demo:
         self.cluster = cluster
         self.display = display
         self.workdir = cluster.root / "demo"
-        self.operator: demo_env.OperatorProcess | None = None
+        self.operator: OperatorProcess | None = None
         self.observer: Observer | None = None
         self.checkpoints = Checkpoints()
         self.every_steps = 0
@@ -143,7 +146,7 @@ class Demo:
         account, kubeconfig = demo_env.operator_identity(
             self.cluster, repo, NAMESPACE, self.workdir
         )
-        self.operator = demo_env.OperatorProcess(
+        self.operator = demo_env.operator_process(
             kubeconfig, NAMESPACE, self.workdir / "operator.log"
         )
         self.operator.start()
@@ -151,10 +154,10 @@ class Demo:
             f"operator started as a local process with only the chart's RBAC (ServiceAccount "
             f"{demo_env.OPERATOR_NAMESPACE}/{account}); log: {self.operator.log_path}"
         )
-        shards = demo_env.make_shards(self.workdir / "shards")
+        shards = make_shards(self.workdir / "shards")
         remote = self.workdir / "remote"
         remote.mkdir(exist_ok=True)
-        run = demo_env.demo_run(repo, RUN, shards, remote)
+        run = demo_env.demo_run(RUN, shards, remote)
         self.every_steps = int(run["spec"]["checkpoints"]["everySteps"])
         self.cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(run))
         self.run_applied = True
@@ -205,23 +208,29 @@ class Demo:
         return Snapshot(status, pod, beat)
 
     def _wait(self, check: Callable[[], T | None], timeout: float, what: str) -> T:
-        deadline = time.monotonic() + timeout
-        while True:
+        """Poll `check` until it returns something; DemoError after `timeout` s.
+
+        A transient API error counts as "not yet"; the operator exiting meanwhile ends the
+        wait at once.
+        """
+
+        def look() -> T | None:
             try:
                 value = check()
             except KubeError as err:
                 if not err.transient and err.status != 0:
                     raise
                 value = None
-            if value:
-                return value
-            if self.operator is not None and not self.operator.alive():
+            if not value and self.operator is not None and not self.operator.alive():
                 raise DemoError(
                     f"the operator exited while waiting for {what}; see {self.operator.log_path}"
                 )
-            if time.monotonic() > deadline:
-                raise DemoError(f"{what} did not happen within {timeout:.0f} s")
-            time.sleep(POLL_SECONDS)
+            return value
+
+        try:
+            return eventually(look, timeout, what, POLL_SECONDS)
+        except TimeoutError:
+            raise DemoError(f"{what} did not happen within {timeout:.0f} s") from None
 
     def watch(self, check: Callable[[Snapshot], T | None], timeout: float, what: str) -> T:
         """Poll snapshots until `check` returns something; DemoError after `timeout`.
@@ -548,13 +557,15 @@ def _just_written(pod: PodView) -> dict[str, Any]:
     of a stale heartbeat would understate it by up to a second of training.
     """
     first = pod.heartbeat()
-    deadline = time.monotonic() + HEARTBEAT_WAIT_S
-    while time.monotonic() < deadline:
-        time.sleep(0.01)
+
+    def written() -> dict[str, Any] | None:
         beat = pod.heartbeat()
-        if beat and beat != first:
-            return beat
-    return first or {}
+        return beat if beat and beat != first else None
+
+    try:
+        return eventually(written, HEARTBEAT_WAIT_S, "the next heartbeat", 0.01)
+    except TimeoutError:
+        return first or {}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -10,7 +10,6 @@ every few seconds otherwise.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import sys
@@ -20,12 +19,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainguard.api.constants import API_VERSION, LABEL_RUN, PLURAL
-from trainguard.contract.files import HEARTBEAT_FILENAME, RESTORE_FILENAME
+from trainguard.contract.files import RESTORE_FILENAME
 from trainguard.operator.k8s.client import Kube, object_path
+from trainguard_dev.testing.pods import STATE_VOLUME, heartbeat, pod_directory, read_json
 
 Obj = dict[str, Any]
 
-HEARTBEAT = HEARTBEAT_FILENAME
 RESTORE = RESTORE_FILENAME
 TRAINER_LOG = "trainer.log"
 # The reference trainer logs "...; steps <first>..<last>" once it has resumed.
@@ -44,20 +43,13 @@ class PodView:
     directory: Path
     deleting: bool
 
-    def _json(self, volume: str, name: str) -> Obj | None:
-        try:
-            data: Obj = json.loads((self.directory / "volumes" / volume / name).read_text())
-        except (OSError, ValueError):
-            return None
-        return data
-
     def heartbeat(self) -> Obj | None:
         """The trainer's heartbeat file, or None before the first one."""
-        return self._json("state", HEARTBEAT)
+        return heartbeat(self.directory / "volumes" / STATE_VOLUME)
 
     def restore(self) -> Obj | None:
         """What the restore init step did (``step``, ``from_layer``), or None."""
-        return self._json("state", RESTORE)
+        return read_json(self.directory / "volumes" / STATE_VOLUME / RESTORE)
 
     def start_steps(self) -> list[int]:
         """The step each trainer process of this pod resumed from, in order."""
@@ -100,10 +92,7 @@ class Observer:
             meta, node = pod["metadata"], pod["spec"].get("nodeName")
             if not node:
                 continue
-            directory = (
-                self.cluster_root / "procnodes" / node / "pods"
-                / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
-            )  # fmt: skip
+            directory = pod_directory(self.cluster_root, pod)
             deleting = bool(meta.get("deletionTimestamp"))
             views.append(PodView(meta["name"], meta["uid"], node, directory, deleting))
         return views

@@ -1,4 +1,4 @@
-"""Real servers on loopback for the remote-layer tests and the shipping benchmark.
+"""Real servers on loopback for the remote-layer tests, the e2e scenarios and the shipping bench.
 
 SeaweedFS (an S3-compatible server: master, volume, filer and S3 gateway in one `weed server`)
 and OpenSSH's sshd, both installed by `hack/install-test-services.sh`. Each runs as a child
@@ -7,12 +7,12 @@ process on free loopback ports with its data in a directory the caller owns.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import signal
 import socket
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +21,10 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-REPO = Path(__file__).resolve().parents[2]
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import stop_process
+
+REPO = Path(__file__).resolve().parents[3]
 CACHE = Path(os.environ.get("TRAINGUARD_CACHE", REPO / ".cache"))
 WEED = Path(os.environ.get("TRAINGUARD_WEED", CACHE / "bin" / "weed"))
 SSHD = Path("/usr/sbin/sshd")
@@ -41,16 +44,6 @@ def free_ports(count: int) -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
-
-
-def _stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if process.poll() is None:
-        process.send_signal(sig)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
 
 
 @dataclass
@@ -106,10 +99,11 @@ class SeaweedFS:
             f"-s3.config={config}",
         ]
         log = (self.root / "weed.log").open("ab")
-        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_TIMEOUT_S
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.process = process
         probe = self.client()
-        while True:
+
+        def stores() -> bool:
             try:
                 # The S3 gateway answers before the volume server can store: write to know.
                 name = f"probe-{uuid.uuid4().hex[:12]}"
@@ -117,17 +111,23 @@ class SeaweedFS:
                 probe.put_object(Bucket=name, Key="probe", Body=b"probe")
                 probe.delete_object(Bucket=name, Key="probe")
                 probe.delete_bucket(Bucket=name)
-                return
             except Exception:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    tail = (self.root / "weed.log").read_text()[-3000:]
-                    raise RuntimeError(f"SeaweedFS did not start:\n{tail}") from None
-                time.sleep(0.3)
+                if process.poll() is not None:
+                    raise RuntimeError(f"SeaweedFS exited:\n{self._log_tail()}") from None
+                return False
+            return True
+
+        try:
+            eventually(stores, START_TIMEOUT_S, "SeaweedFS to store an object")
+        except TimeoutError as err:
+            raise RuntimeError(f"SeaweedFS did not start ({err}):\n{self._log_tail()}") from None
+
+    def _log_tail(self) -> str:
+        return (self.root / "weed.log").read_text(errors="replace")[-3000:]
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""
-        if self.process is not None:
-            _stop(self.process, signal.SIGKILL)
+        stop_process(self.process, sig=signal.SIGKILL)
 
     def client(self) -> Any:
         """A boto3 client with the test identity (for setup and for tampering)."""
@@ -173,7 +173,7 @@ class Sshd:
 
     def stop(self) -> None:
         """Stop sshd (its sessions end with it)."""
-        _stop(self.process)
+        stop_process(self.process)
 
 
 def _keygen(path: Path) -> None:
@@ -221,16 +221,22 @@ def start_sshd(root: Path) -> Sshd:
     host_pub = Path(f"{host_key}.pub").read_text().split()
     known_hosts = root / "known_hosts"
     known_hosts.write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
-                if conn.recv(4).startswith(b"SSH-"):
-                    break
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"sshd did not start:\n{(root / 'sshd.log').read_text()[-3000:]}")
-        time.sleep(0.1)
+
+    def greets() -> bool:
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection(("127.0.0.1", port), timeout=1) as conn,
+        ):
+            if conn.recv(4).startswith(b"SSH-"):
+                return True
+        if process.poll() is not None:
+            raise RuntimeError(f"sshd exited:\n{(root / 'sshd.log').read_text()[-3000:]}")
+        return False
+
+    try:
+        eventually(greets, START_TIMEOUT_S, "sshd to greet", 0.1)
+    except TimeoutError as err:
+        tail = (root / "sshd.log").read_text()[-3000:]
+        raise RuntimeError(f"sshd did not start ({err}):\n{tail}") from None
     user = pwd.getpwuid(os.getuid()).pw_name
     return Sshd(root, port, process, client_key, known_hosts, user)

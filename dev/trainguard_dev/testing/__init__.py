@@ -1,0 +1,11 @@
+"""The helpers that tests, benchmarks and the demo share, each in one place.
+
+- `runs`: TrainingRun manifests (a small valid run, the checked-in examples, the reference
+  trainer on the process-backed nodes) and the synthetic token shards such a run trains on;
+- `processes`: `trainguard operator` as a local process, and stopping a child process;
+- `polling`: waiting until something holds, with an error that names what never happened;
+- `pods`: a pod's files on a process-backed node (its volumes, the trainer's heartbeat);
+- `servers`: real S3 (SeaweedFS) and SSH servers on loopback for the remote layers.
+
+Nothing here is part of the product: `trainguard` never imports it.
+"""

@@ -1,0 +1,53 @@
+"""A pod's files on a process-backed node, where tests, benchmarks and the demo read the trainer.
+
+A process-backed node keeps each pod under
+``<cluster>/procnodes/<node>/pods/<namespace>_<pod>_<uid>/``: its volumes (``volumes/<name>``)
+and each container's output (``<container>.log``). The trainer writes its heartbeat into the
+``state`` volume.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from trainguard.contract.files import HEARTBEAT_FILENAME
+
+Obj = dict[str, Any]
+
+STATE_VOLUME = "state"
+
+
+def pod_directory(cluster_root: Path, pod: Mapping[str, Any]) -> Path:
+    """The directory of a pod bound to a process-backed node."""
+    meta = pod["metadata"]
+    directory = f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+    node = str(pod["spec"]["nodeName"])
+    return cluster_root / "procnodes" / node / "pods" / directory
+
+
+def state_dir(cluster_root: Path, pod: Mapping[str, Any]) -> Path:
+    """The pod's state volume (heartbeat, supervisor state, stack dumps)."""
+    return pod_directory(cluster_root, pod) / "volumes" / STATE_VOLUME
+
+
+def read_json(path: Path) -> Obj | None:
+    """A JSON file the trainer side writes, or None while it is absent or half written."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def heartbeat(state: Path) -> Obj | None:
+    """The trainer's heartbeat in a state volume, or None before its first write."""
+    return read_json(state / HEARTBEAT_FILENAME)
+
+
+def checkpointed(state: Path, step: int) -> Obj | None:
+    """The heartbeat once the trainer has saved a checkpoint at or past `step`, else None."""
+    beat = heartbeat(state)
+    return beat if beat and (beat.get("last_checkpoint_step") or 0) >= step else None
