@@ -8,7 +8,6 @@ are testable with a fake clock.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,11 +215,8 @@ class Collector:
         """Whether the supervisor runs a trainer other than the one last seen (no heartbeat yet)."""
         if self.supervisor_file is None:
             return False
-        try:
-            data = json.loads(self.supervisor_file.read_text())
-        except (OSError, ValueError):
-            return False
-        child = data.get("child_pid") if isinstance(data, dict) else None
+        data = read_json(self.supervisor_file)
+        child = None if data is None else data.get("child_pid")
         if not isinstance(child, int) or child == self.pid:
             return False
         return proc_state(child, self.proc) not in (None, "Z")
