@@ -33,8 +33,9 @@ from trainguard.api.constants import (
     SECRET_KEY_S3_SECRET_ACCESS_KEY,
     TAINT_UNHEALTHY,
 )
+from trainguard.contract.files import read_json
 from trainguard_dev.cluster.cluster import Cluster
-from trainguard_dev.testing.pods import heartbeat, read_json, state_dir
+from trainguard_dev.testing.pods import heartbeat, state_dir
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import OperatorProcess, stop_process
 from trainguard_dev.testing.runs import make_shards, reference_run

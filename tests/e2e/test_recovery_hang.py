@@ -30,8 +30,9 @@ from operator_proc import apply, events_of, pods_of
 from recovery_helpers import bound_pod, status_of
 
 from trainguard.agent.main import STACK_EVENT_BYTES, STACK_WAIT_S
+from trainguard.contract.files import read_json
 from trainguard_dev.cluster.cluster import Cluster
-from trainguard_dev.testing.pods import checkpointed, heartbeat, read_json, state_dir
+from trainguard_dev.testing.pods import checkpointed, heartbeat, state_dir
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import OperatorProcess
 from trainguard_dev.testing.runs import make_shards, reference_run

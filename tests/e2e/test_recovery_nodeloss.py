@@ -22,8 +22,9 @@ from operator_proc import apply, events_of, get_json, pods_of
 from recovery_helpers import bound_pod, status_of
 
 from trainguard.api.constants import TAINT_UNHEALTHY
+from trainguard.contract.files import read_json
 from trainguard_dev.cluster.cluster import NODE_MONITOR_GRACE, Cluster
-from trainguard_dev.testing.pods import checkpointed, heartbeat, read_json, state_dir
+from trainguard_dev.testing.pods import checkpointed, heartbeat, state_dir
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import OperatorProcess
 from trainguard_dev.testing.runs import make_shards, reference_run

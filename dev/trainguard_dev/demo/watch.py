@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainguard.api.constants import API_VERSION, LABEL_RUN, PLURAL
-from trainguard.contract.files import RESTORE_FILENAME
+from trainguard.contract.files import RESTORE_FILENAME, read_json
 from trainguard.operator.k8s.client import Kube, object_path
-from trainguard_dev.testing.pods import STATE_VOLUME, heartbeat, pod_directory, read_json
+from trainguard_dev.testing.pods import STATE_VOLUME, heartbeat, pod_directory
 
 Obj = dict[str, Any]
 

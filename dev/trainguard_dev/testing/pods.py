@@ -3,17 +3,16 @@
 A process-backed node keeps each pod under
 ``<cluster>/procnodes/<node>/pods/<namespace>_<pod>_<uid>/``: its volumes (``volumes/<name>``)
 and each container's output (``<container>.log``). The trainer writes its heartbeat into the
-``state`` volume.
+``state`` volume; its files are read with the pod contract's `read_json`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainguard.contract.files import HEARTBEAT_FILENAME
+from trainguard.contract.files import HEARTBEAT_FILENAME, read_json
 
 Obj = dict[str, Any]
 
@@ -31,15 +30,6 @@ def pod_directory(cluster_root: Path, pod: Mapping[str, Any]) -> Path:
 def state_dir(cluster_root: Path, pod: Mapping[str, Any]) -> Path:
     """The pod's state volume (heartbeat, supervisor state, stack dumps)."""
     return pod_directory(cluster_root, pod) / "volumes" / STATE_VOLUME
-
-
-def read_json(path: Path) -> Obj | None:
-    """A JSON file the trainer side writes, or None while it is absent or half written."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def heartbeat(state: Path) -> Obj | None:
