@@ -1,4 +1,4 @@
-"""Kubernetes quantities (`100Gi`, `500m`, `1.5e9`, `8`) as exact numbers, for sizing volumes."""
+"""Kubernetes quantities (`100Gi`, `500m`, `1.5e9`, `8`) as exact numbers; byte counts as text."""
 
 from __future__ import annotations
 
@@ -45,3 +45,15 @@ def quantity_bytes(quantity: int | str) -> int:
     value = parse_quantity(quantity)
     whole = int(value)
     return whole if whole == value else whole + 1
+
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def human_bytes(count: float) -> str:
+    """A byte count for a log line or a message: 1.5 GiB, 340.0 MiB, 12 B."""
+    value, unit = float(count), 0
+    while abs(value) >= 1024 and unit < len(_UNITS) - 1:
+        value /= 1024
+        unit += 1
+    return f"{value:.0f} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"

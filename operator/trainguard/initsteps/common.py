@@ -1,11 +1,9 @@
-"""What the init steps share that is not the pod contract: log lines, byte counts, page cache."""
+"""What the init steps share that is not the pod contract: log lines and page-cache hints."""
 
 from __future__ import annotations
 
 import os
 import time
-
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def drop_page_cache(fd: int) -> bool:
@@ -24,12 +22,3 @@ def drop_page_cache(fd: int) -> bool:
 def log(step: str, message: str) -> None:
     """One line to the step's log (stdout, which `kubectl logs` shows), with a wall-clock time."""
     print(f"{time.strftime('%H:%M:%S')} trainguard {step}: {message}", flush=True)
-
-
-def human_bytes(count: float) -> str:
-    """A byte count for a log line: 1.5 GiB, 340.0 MiB, 12 B."""
-    value, unit = float(count), 0
-    while abs(value) >= 1024 and unit < len(_UNITS) - 1:
-        value /= 1024
-        unit += 1
-    return f"{value:.0f} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"

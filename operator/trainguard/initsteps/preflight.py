@@ -69,7 +69,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainguard.api.quantity import quantity_bytes
+from trainguard.api.quantity import human_bytes, quantity_bytes
 from trainguard.api.spec import DEFAULT_KEEP_LAST, DEFAULT_L1_DIR
 from trainguard.ckpt import DEFAULT_ALGORITHM, new_hasher
 from trainguard.ckpt.hashing import CHUNK_BYTES, UnknownHashAlgorithmError
@@ -249,14 +249,12 @@ def _space_check(targets: list[str], settings: Settings) -> Check:
             words.append(f"{target} size unknown")
             continue
         still_needed += max(0, expected - present)
-        words.append(
-            f"{target} {common.human_bytes(expected)} less {common.human_bytes(present)} present"
-        )
+        words.append(f"{target} {human_bytes(expected)} less {human_bytes(present)} present")
     # The test file needs room too (briefly): a disk that cannot hold it fails here.
     if settings.test_bytes > still_needed:
-        words.append(f"test file {common.human_bytes(settings.test_bytes)}")
+        words.append(f"test file {human_bytes(settings.test_bytes)}")
     need = max(still_needed, settings.test_bytes) + settings.margin_bytes
-    words.append(f"margin {common.human_bytes(settings.margin_bytes)}")
+    words.append(f"margin {human_bytes(settings.margin_bytes)}")
     figures = {
         "paths": {target: str(settings.paths[target]) for target in targets},
         "free_bytes": free,
@@ -267,9 +265,7 @@ def _space_check(targets: list[str], settings: Settings) -> Check:
         "checkpoint_bytes": settings.checkpoint_bytes,
         "targets": parts,
     }
-    summary = (
-        f"{common.human_bytes(free)} free, {common.human_bytes(need)} needed ({', '.join(words)})"
-    )
+    summary = f"{human_bytes(free)} free, {human_bytes(need)} needed ({', '.join(words)})"
     name = "+".join(targets)
     lacking = (Failure.INSUFFICIENT_SPACE, f"not enough space on {path}: {summary}")
     return Check.judged(SPACE, name, path, figures, summary, lacking if free < need else None)
@@ -368,14 +364,14 @@ def measure(path: Path, settings: Settings) -> Measurement:
 
 def check_storage(target: str, path: Path, settings: Settings) -> list[Check]:
     """The integrity and bandwidth checks of one directory, from one test file."""
-    size = common.human_bytes(settings.test_bytes)
+    size = human_bytes(settings.test_bytes)
     figures: dict[str, Any] = {
         "bytes": settings.test_bytes,
         "hash_algorithm": settings.hash_algorithm,
     }
     free = _free_bytes(path)
     if free < settings.test_bytes + settings.margin_bytes:
-        why = f"no room for a {size} test file ({common.human_bytes(free)} free): see space"
+        why = f"no room for a {size} test file ({human_bytes(free)} free): see space"
         return [
             Check.skipped(INTEGRITY, target, path, why, figures),
             Check.skipped(BANDWIDTH, target, path, why, figures),

@@ -61,6 +61,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainguard.api.constants import StagingPhase
+from trainguard.api.quantity import human_bytes
 from trainguard.api.spec import DEFAULT_DATA_DIR
 from trainguard.ckpt import DEFAULT_ALGORITHM, FileEntry, hash_file, new_hasher
 from trainguard.ckpt.hashing import UnknownHashAlgorithmError
@@ -390,7 +391,7 @@ def progress_line(snap: Mapping[str, Any]) -> str:
     percent = f" ({100 * snap['bytes_done'] / total:.1f}%)" if total else ""
     line = (
         f"{snap['phase'].lower()}: {snap['files_done']}/{snap['files_total']} files, "
-        f"{common.human_bytes(snap['bytes_done'])} of {common.human_bytes(total)}{percent}"
+        f"{human_bytes(snap['bytes_done'])} of {human_bytes(total)}{percent}"
     )
     if snap["bytes_per_second"]:
         line += f", {snap['bytes_per_second'] / 1e6:.1f} MB/s"
@@ -880,11 +881,10 @@ def main(argv: list[str]) -> int:
             f"staged and verified: copied {result.copied} (re-copies {result.recopies}, "
             f"resumed partial files {result.resumed_partials}), already verified "
             f"{result.already_verified}, adopted {result.adopted}; "
-            f"{common.human_bytes(result.bytes_transferred)} read from the source"
+            f"{human_bytes(result.bytes_transferred)} read from the source"
         )
     common.log(
         STEP,
-        f"{result.files} files, {common.human_bytes(result.bytes)}: {summary} "
-        f"in {result.seconds:.1f} s",
+        f"{result.files} files, {human_bytes(result.bytes)}: {summary} in {result.seconds:.1f} s",
     )
     return int(ExitCode.OK)

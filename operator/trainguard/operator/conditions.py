@@ -28,6 +28,7 @@ from trainguard.api.constants import (
     StagingPhase,
     Verdict,
 )
+from trainguard.api.quantity import human_bytes
 from trainguard.api.status import LayerCheckpoint, Preflight, Staging
 
 # Events carry messages under 1 KiB of UTF-8 (kubectl describe stays readable); conditions
@@ -251,18 +252,8 @@ def transition_events(
     return [replace(e, message=shorten_bytes(e.message, MAX_EVENT_BYTES)) for e in events]
 
 
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 # Staging phases that are still running.
 STAGING_RUNNING = frozenset({StagingPhase.LISTING, StagingPhase.HASHING, StagingPhase.COPYING})
-
-
-def human_bytes(count: float) -> str:
-    """A byte count for a message: 1.5 GiB, 340.0 MiB, 12 B."""
-    value, unit = float(count), 0
-    while abs(value) >= 1024 and unit < len(_UNITS) - 1:
-        value /= 1024
-        unit += 1
-    return f"{value:.0f} B" if unit == 0 else f"{value:.1f} {_UNITS[unit]}"
 
 
 def preflight_figures(preflight: Preflight) -> str:
