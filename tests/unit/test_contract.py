@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from trainguard.agent.verdicts import Thresholds
 from trainguard.api import TrainingRun
@@ -21,6 +20,7 @@ from trainguard.api.spec import DEFAULT_DATA_DIR, Monitor, Recovery
 from trainguard.contract import env, files
 from trainguard.contract.env import ContractError, PodEnv
 from trainguard.operator.build.pod import PodInputs, pod_env, training_pod
+from trainguard_dev.testing.runs import example_run, training_run
 from trainguard_harness.settings import HarnessSettings
 
 pytestmark = pytest.mark.unit
@@ -32,14 +32,19 @@ POD, NODE = "full-3", "gpu-node-7"
 
 
 def full_run() -> TrainingRun:
-    body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "full.yaml").read_text())
-    body["metadata"].update(namespace="team-a", uid="0f6c-uid")
     # Off the defaults wherever the example keeps one, so that no field reads back by luck.
-    body["spec"]["checkpoints"]["l1"].update(mountPath="/local/l1", keepLast=3)
-    body["spec"]["checkpoints"].update(flushTimeoutSeconds=120, everySteps=40)
-    body["spec"]["data"]["mountPath"] = "/local/data"
-    body["spec"]["recovery"]["backoff"]["initialSeconds"] = 7
-    return TrainingRun.from_object(body)
+    changes = {
+        "checkpoints": {
+            "l1": {"mountPath": "/local/l1", "keepLast": 3},
+            "flushTimeoutSeconds": 120,
+            "everySteps": 40,
+        },
+        "data": {"mountPath": "/local/data"},
+        "recovery": {"backoff": {"initialSeconds": 7}},
+    }
+    run = example_run("full", spec=changes, namespace="team-a")
+    run["metadata"]["uid"] = "0f6c-uid"
+    return TrainingRun.from_object(run)
 
 
 def as_kubelet_sets_it(container: dict[str, Any]) -> dict[str, str]:
@@ -168,14 +173,7 @@ def test_unset_and_empty_variables_take_the_defaults() -> None:
 
 
 def test_the_defaults_are_the_apis() -> None:
-    minimal = TrainingRun.from_object(
-        {
-            "apiVersion": "trainguard.dev/v1alpha1",
-            "kind": "TrainingRun",
-            "metadata": {"name": "m", "namespace": "default", "uid": "u"},
-            "spec": {"trainer": {"image": "t:1", "command": ["t"]}, "model": {"parameters": 1000}},
-        }
-    )
+    minimal = TrainingRun.from_object(training_run("m", namespace="default", metadata={"uid": "u"}))
     built = pod_env(minimal, 1)
     defaults = PodEnv()
     for field in ("l1_dir", "keep_last", "every_steps", "every_seconds", "monitor", "recovery"):

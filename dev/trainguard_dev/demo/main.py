@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from trainguard.api.constants import TAINT_UNHEALTHY, Reason, Verdict
-from trainguard.initsteps.preflight import MIN_READ_ENV, MIN_WRITE_ENV
+from trainguard.contract.env import PREFLIGHT_MIN_READ_MBPS, PREFLIGHT_MIN_WRITE_MBPS
 from trainguard.operator.k8s.client import Kube, KubeError
 from trainguard_dev.cluster.cluster import Cluster, ClusterError
 from trainguard_dev.cluster.nodes import process_node_name
@@ -56,7 +56,7 @@ CONTROL_FILES = ("gpu-sim.json", "down", ENV_FILENAME)
 # The process nodes' disk is this machine's, shared with whatever else runs on it: the
 # preflight's bandwidth floors (50 MB/s, for a GPU node's local NVMe) are lowered for them,
 # as a node class's own setting, so a busy laptop does not read as a sick node.
-NODE_ENV = {MIN_WRITE_ENV: "5", MIN_READ_ENV: "5"}
+NODE_ENV = {PREFLIGHT_MIN_WRITE_MBPS: "5", PREFLIGHT_MIN_READ_MBPS: "5"}
 GHOST_MIB = 8192
 GHOST_CAUSES = (Verdict.GHOST_MEMORY.value, Reason.GPU_MEMORY_NOT_RELEASED.value)
 POLL_SECONDS = 0.5
