@@ -154,8 +154,18 @@ class SshStore:
             return None
 
     def upload(self, files: Uploads, transfer: Transfer) -> dict[str, str]:
-        """Send each file (resuming a partial one) and check it by its remote sha256."""
-        return {key: self._upload_one(source, key, transfer) for source, key in files}
+        """Send each file (resuming a partial one) and check it by its remote sha256.
+
+        A connection that fails mid-upload is dropped here: the transport may still look
+        active until its reader thread sees the EOF, and the next put must reconnect, not
+        write into the dead session.
+        """
+        try:
+            return {key: self._upload_one(source, key, transfer) for source, key in files}
+        except (EOFError, OSError, paramiko.SSHException):
+            with self._lock:
+                self.close()
+            raise
 
     def _upload_one(self, source: Path, key: str, transfer: Transfer) -> str:
         final = self._path(key)
