@@ -7,62 +7,32 @@
 # Prints the directory holding the binaries (as links without versions) last.
 set -euo pipefail
 
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cache="${TRAINGUARD_CACHE:-$repo/.cache}"
-bin="$cache/bin"
-mkdir -p "$bin"
+LOG_PREFIX=build-control-plane
+source "$(dirname "${BASH_SOURCE[0]}")/lib/gobuild.sh"
 
 # The versions below must match the require lines of hack/tools/*/go.mod
-# (checked at the end of this script).
+# (checked before anything is built).
 KUBE_VERSION=v1.36.3
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v4.3.2
 
+# Static binaries, with the tags of Kubernetes' own release builds.
 export CGO_ENABLED=0
-export GOFLAGS="${GOFLAGS:-} -trimpath"
+tags=selinux,notest,grpcnotrace
 
-log() { printf '[build-control-plane] %s\n' "$*" >&2; }
+require_module kubernetes k8s.io/kubernetes "$KUBE_VERSION"
+require_module etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION"
+require_module kwok sigs.k8s.io/kwok "$KWOK_VERSION"
+require_module helm helm.sh/helm/v4 "$HELM_VERSION"
 
-# build <program> <version> <tools-module-dir> <package> [ldflags]
-build() {
-  local name=$1 version=$2 moddir=$3 pkg=$4 ldflags=${5:-}
-  local out="$bin/$name-$version"
-  if [[ -x "$out" ]]; then
-    log "$name $version: cached"
-  else
-    log "$name $version: building $pkg (a cold build takes minutes)"
-    local start=$SECONDS
-    (cd "$repo/hack/tools/$moddir" && \
-      go build -tags=selinux,notest,grpcnotrace -ldflags "-s -w $ldflags" -o "$out.tmp" "$pkg")
-    mv "$out.tmp" "$out"
-    log "$name $version: built in $((SECONDS - start)) s"
-  fi
-  ln -sfn "$name-$version" "$bin/$name"
-}
-
-kube_minor=${KUBE_VERSION#v1.}; kube_minor=${kube_minor%%.*}
-kube_ldflags=""
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  kube_ldflags+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$kube_minor"
-  kube_ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
-done
-
-for m in "kubernetes k8s.io/kubernetes $KUBE_VERSION" "etcd go.etcd.io/etcd/server/v3 $ETCD_VERSION" \
-         "kwok sigs.k8s.io/kwok $KWOK_VERSION" "helm helm.sh/helm/v4 $HELM_VERSION"; do
-  set -- $m
-  grep -Eq "^(require )?[[:space:]]*$2 $3( |\$)" "$repo/hack/tools/$1/go.mod" || {
-    log "hack/tools/$1/go.mod does not require $2 $3; update this script and the module together"
-    exit 1
-  }
-done
-
-build etcd "$ETCD_VERSION" etcd go.etcd.io/etcd/server/v3
-build kwok "$KWOK_VERSION" kwok sigs.k8s.io/kwok/cmd/kwok
-build helm "$HELM_VERSION" helm helm.sh/helm/v4/cmd/helm \
+build etcd "$ETCD_VERSION" etcd go.etcd.io/etcd/server/v3 "$tags"
+build kwok "$KWOK_VERSION" kwok sigs.k8s.io/kwok/cmd/kwok "$tags"
+build helm "$HELM_VERSION" helm helm.sh/helm/v4/cmd/helm "$tags" \
   "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
 for c in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-  build "$c" "$KUBE_VERSION" kubernetes "k8s.io/kubernetes/cmd/$c" "$kube_ldflags"
+  build "$c" "$KUBE_VERSION" kubernetes "k8s.io/kubernetes/cmd/$c" "$tags" \
+    "$(kube_version_ldflags "$KUBE_VERSION")"
 done
 
 # kwok v0.8 has no built-in stages: take the stock node and pod stages from the kwok

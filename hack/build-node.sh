@@ -16,10 +16,8 @@
 # Needs root for apt-get. Prints the directory holding the binaries last.
 set -euo pipefail
 
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cache="${TRAINGUARD_CACHE:-$repo/.cache}"
-bin="$cache/bin"
-mkdir -p "$bin"
+LOG_PREFIX=build-node
+source "$(dirname "${BASH_SOURCE[0]}")/lib/gobuild.sh"
 
 # The versions below must match the require lines of hack/tools/*/go.mod
 # (checked before anything is built).
@@ -27,36 +25,9 @@ KUBE_VERSION=v1.36.3
 CONTAINERD_VERSION=v2.4.2
 RUNC_VERSION=v1.5.3
 
-export GOFLAGS="${GOFLAGS:-} -trimpath"
-
-log() { printf '[build-node] %s\n' "$*" >&2; }
-
-for m in "kubernetes k8s.io/kubernetes $KUBE_VERSION" \
-         "containerd github.com/containerd/containerd/v2 $CONTAINERD_VERSION" \
-         "runc github.com/opencontainers/runc $RUNC_VERSION"; do
-  set -- $m
-  grep -Eq "^(require )?[[:space:]]*$2 $3( |\$)" "$repo/hack/tools/$1/go.mod" || {
-    log "hack/tools/$1/go.mod does not require $2 $3; update this script and the module together"
-    exit 1
-  }
-done
-
-# build <program> <version> <tools-module-dir> <package> <cgo 0|1> <tags> [ldflags]
-build() {
-  local name=$1 version=$2 moddir=$3 pkg=$4 cgo=$5 tags=$6 ldflags=${7:-}
-  local out="$bin/$name-$version"
-  if [[ -x "$out" ]]; then
-    log "$name $version: cached"
-  else
-    log "$name $version: building $pkg"
-    local start=$SECONDS
-    (cd "$repo/hack/tools/$moddir" && \
-      CGO_ENABLED=$cgo go build -tags="$tags" -ldflags "-s -w $ldflags" -o "$out.tmp" "$pkg")
-    mv "$out.tmp" "$out"
-    log "$name $version: built in $((SECONDS - start)) s"
-  fi
-  ln -sfn "$name-$version" "$bin/$name"
-}
+require_module kubernetes k8s.io/kubernetes "$KUBE_VERSION"
+require_module containerd github.com/containerd/containerd/v2 "$CONTAINERD_VERSION"
+require_module runc github.com/opencontainers/runc "$RUNC_VERSION"
 
 # Debian packages. runc's headers are only needed while runc is still to be built.
 packages=(containernetworking-plugins umoci)
@@ -81,14 +52,8 @@ fi
 
 # kubelet: the control plane's flags exactly (CGO off, the same tags, -trimpath), so a machine
 # that built the control plane reuses most of Go's build cache and the version reads the same.
-kube_minor=${KUBE_VERSION#v1.}; kube_minor=${kube_minor%%.*}
-kube_ldflags=""
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  kube_ldflags+=" -X $p.gitVersion=$KUBE_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$kube_minor"
-  kube_ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
-done
-build kubelet "$KUBE_VERSION" kubernetes k8s.io/kubernetes/cmd/kubelet 0 \
-  selinux,notest,grpcnotrace "$kube_ldflags"
+CGO_ENABLED=0 build kubelet "$KUBE_VERSION" kubernetes k8s.io/kubernetes/cmd/kubelet \
+  selinux,notest,grpcnotrace "$(kube_version_ldflags "$KUBE_VERSION")"
 
 # containerd: static Go binaries, without the btrfs snapshotter (it needs C headers) and with
 # Go's own user and DNS lookups (osusergo, netgo), as containerd's release builds do without cgo.
@@ -97,15 +62,16 @@ ctrd=github.com/containerd/containerd/v2
 ctrd_tags=urfave_cli_no_docs,no_btrfs,osusergo,netgo
 # The module proxy carries no commit, so the version's Revision stays empty.
 ctrd_ldflags="-X $ctrd/version.Version=$CONTAINERD_VERSION -X $ctrd/version.Package=$ctrd"
-build containerd "$CONTAINERD_VERSION" containerd "$ctrd/cmd/containerd" 0 "$ctrd_tags" "$ctrd_ldflags"
-build containerd-shim-runc-v2 "$CONTAINERD_VERSION" containerd "$ctrd/cmd/containerd-shim-runc-v2" 0 \
-  "$ctrd_tags,no_grpc" "$ctrd_ldflags"
-build ctr "$CONTAINERD_VERSION" containerd "$ctrd/cmd/ctr" 0 "$ctrd_tags" "$ctrd_ldflags"
+CGO_ENABLED=0 build containerd "$CONTAINERD_VERSION" containerd "$ctrd/cmd/containerd" \
+  "$ctrd_tags" "$ctrd_ldflags"
+CGO_ENABLED=0 build containerd-shim-runc-v2 "$CONTAINERD_VERSION" containerd \
+  "$ctrd/cmd/containerd-shim-runc-v2" "$ctrd_tags,no_grpc" "$ctrd_ldflags"
+CGO_ENABLED=0 build ctr "$CONTAINERD_VERSION" containerd "$ctrd/cmd/ctr" "$ctrd_tags" "$ctrd_ldflags"
 
 # runc: cgo is required (its nsenter runs C before the Go runtime starts); the seccomp tag links
 # libseccomp, which the kubelet's RuntimeDefault profile needs. runc's own default tags also
 # have libpathrs, a Rust library Debian 12 does not package: without it runc uses its Go code
 # for the same path checks. The version comes from runc's embedded VERSION file.
-build runc "$RUNC_VERSION" runc github.com/opencontainers/runc 1 seccomp,urfave_cli_no_docs
+CGO_ENABLED=1 build runc "$RUNC_VERSION" runc github.com/opencontainers/runc seccomp,urfave_cli_no_docs
 
 echo "$bin"

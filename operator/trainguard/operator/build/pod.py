@@ -162,11 +162,6 @@ def pod_env(run: TrainingRun, attempt: int) -> PodEnv:
     )
 
 
-def contract_env(run: TrainingRun, attempt: int) -> list[dict[str, Any]]:
-    """The pod contract (`trainguard.contract.env`) as every container of the pod sees it."""
-    return pod_env(run, attempt).env_vars()
-
-
 def _staging_source(data: Data) -> str:
     # A source PVC is mounted into the stage-data step; a URI is fetched by it.
     return DATA_SOURCE_DIR if data.source.pvc is not None else str(data.source.uri)
