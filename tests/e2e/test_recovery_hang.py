@@ -29,7 +29,8 @@ import pytest
 from operator_proc import apply, events_of, pods_of
 from recovery_helpers import bound_pod, status_of
 
-from trainguard.agent.main import STACK_EVENT_BYTES, STACK_WAIT_S
+from trainguard.agent.main import STACK_EVENT_BYTES
+from trainguard.agent.stopping import STACK_WAIT_S
 from trainguard.contract.files import read_json
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.testing.pods import checkpointed, heartbeat, state_dir
@@ -135,9 +136,11 @@ def test_a_stopped_trainer_is_hung_dumped_killed_and_restarted_in_place(
     )
     assert event_at.timestamp() <= ended["ended_at"] + 1.0  # the Event's time is in seconds
     agent_log = (state.parent.parent / "agent.log").read_text(errors="replace")
+    # Killed by the supervisor (the agent asks it: on a real node they are different users).
     assert agent_log.index(f"stacks of hung trainer pid {pid}") < agent_log.index(
-        f"killed hung trainer pid {pid}"
+        f"hung trainer pid {pid} killed by the supervisor"
     )
+    assert supervisor["last_kill"]["pid"] == pid and supervisor["last_kill"]["dumped"], supervisor
     assert [p["metadata"]["name"] for p in pods_of(cluster, namespace, "hang")] == ["hang-1"]
     assert after["step"] > before["step"]
     final = status_of(cluster, namespace, "hang")

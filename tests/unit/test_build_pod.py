@@ -98,8 +98,12 @@ def test_minimal_pod_field_by_field() -> None:
     assert spec["restartPolicy"] == "Never"
     assert spec["shareProcessNamespace"] is True
     assert spec["terminationGracePeriodSeconds"] == 120
+    # One group for every container's user: shared volumes and Secrets are readable (and the
+    # volumes writable) through it, whatever users the agent's and the trainer's images declare.
     assert spec["securityContext"] == {
         "runAsNonRoot": True,
+        "fsGroup": 65532,
+        "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     assert "affinity" not in spec and "nodeSelector" not in spec and "tolerations" not in spec
@@ -337,7 +341,7 @@ def test_remote_layer_volumes_are_mounted_into_the_agent_and_restore_only() -> N
     }
     assert volumes(manifest)["credentials-s3"]["secret"] == {
         "secretName": "s3-creds",
-        "defaultMode": 0o400,
+        "defaultMode": 0o440,  # root:<fsGroup>: the agent reads it through the group
     }
     # The agent finds the volume where it is mounted (the local process nodes rewrite it).
     assert env_of(by_name["agent"])["TRAINGUARD_LAYER_PATH_BACKUP"] == "/mnt/backup/llm"

@@ -19,8 +19,15 @@ Everything is recorded in a JSON state file next to the heartbeat (`supervisor.j
                   "ended_at": 1764720041.2, "exit_code": null, "signal": "SIGKILL",
                   "reason": "killed by SIGKILL", "leftover_processes": 2}]}
 
-`state` is one of running, backoff, stopping, completed, gave-up, terminated. This module
-does not import torch.
+`state` is one of running, backoff, stopping, completed, gave-up, terminated.
+
+It also answers the pod agent's kill requests (`kill-request.json` next to the state file):
+the agent watches from another container, as another user, and may not signal the trainer.
+A request naming the running child's PID gets SIGUSR1 (the harness dumps its stacks), up to
+`STACK_WAIT_S` for the dump, then SIGKILL to the whole group; the kill is recorded as
+``"last_kill": {"pid": 11, "requested_at": ..., "killed_at": ..., "dumped": true}`` before
+the restart. A request for any other PID (an earlier trainer) is ignored. This module does
+not import torch.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -41,7 +49,13 @@ from typing import Any
 
 from trainguard.contract import env
 from trainguard.contract.env import ContractError, PodEnv
-from trainguard.contract.files import GPU_FILENAME, SUPERVISOR_FILENAME
+from trainguard.contract.files import (
+    GPU_FILENAME,
+    KILL_REQUEST_FILENAME,
+    SUPERVISOR_FILENAME,
+    read_json,
+    share_with_pod,
+)
 from trainguard_harness.gpu_publisher import GpuPublisher
 from trainguard_harness.settings import HarnessSettings
 
@@ -58,6 +72,8 @@ EXIT_USAGE = 2
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_BACKOFF_S = 1.0
 DEFAULT_BACKOFF_MAX_S = 30.0
+# How long a hung trainer gets to write its stacks after SIGUSR1 before it is killed.
+STACK_WAIT_S = 3.0
 
 
 @dataclass
@@ -88,6 +104,7 @@ class SupervisorState:
     started_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     history: list[Attempt] = field(default_factory=list)
+    last_kill: dict[str, Any] | None = None  # the last kill a request asked for
 
     def write(self, path: Path) -> None:
         """Replace the state file atomically."""
@@ -129,6 +146,15 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def _size(path: Path | None) -> int:
+    if path is None:
+        return 0
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def kill_group(pgid: int, sig: signal.Signals = signal.SIGKILL) -> None:
     """Signal a whole process group, ignoring one that is already gone."""
     with contextlib.suppress(ProcessLookupError):
@@ -147,9 +173,13 @@ class Supervisor:
         backoff: float,
         backoff_max: float,
         grace_period: float,
+        stacks_file: Callable[[int], Path] | None = None,
     ) -> None:
         self.command = command
         self.state_file = state_file
+        self.kill_request_file = state_file.with_name(KILL_REQUEST_FILENAME)
+        self.stacks_file = stacks_file
+        self._answered: float | None = None  # the requested_at of the last request answered
         self.backoff, self.backoff_max = backoff, backoff_max
         self.grace_period = grace_period
         self.state = SupervisorState(os.getpid(), command, max_restarts)
@@ -195,6 +225,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 if self._kill_at is not None and time.monotonic() >= self._kill_at:
                     kill_group(child.pid)
+                self._answer_kill_request(child.pid)
         # The session leader is gone; anything left in its group would hold GPU memory.
         leftovers = group_members(child.pid)
         kill_group(child.pid)
@@ -203,6 +234,35 @@ class Supervisor:
         record.exit_code, record.signal, record.reason = describe(returncode)
         record.leftover_processes = len(leftovers)
         return returncode
+
+    def _answer_kill_request(self, pid: int) -> None:
+        """Dump and kill the running child when the agent asks for it (module docstring)."""
+        request = read_json(self.kill_request_file)
+        if request is None or request.get("pid") != pid:
+            return
+        requested_at = request.get("requested_at")
+        if requested_at == self._answered:
+            return
+        self._answered = requested_at if isinstance(requested_at, float | int) else None
+        stacks = self.stacks_file(pid) if self.stacks_file is not None else None
+        before = _size(stacks)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, signal.SIGCONT)  # a stopped process handles the signal once resumed
+        deadline = time.monotonic() + STACK_WAIT_S
+        while stacks is not None and time.monotonic() < deadline and _size(stacks) <= before:
+            time.sleep(POLL_S)
+        if stacks is not None and _size(stacks) > before:
+            time.sleep(0.2)  # let the handler finish writing
+        kill_group(pid)
+        self.state.last_kill = {
+            "pid": pid,
+            "requested_at": requested_at,
+            "killed_at": time.time(),
+            "dumped": _size(stacks) > before,
+            "reason": request.get("reason"),
+        }
+        self.state.write(self.state_file)
 
     def run(self) -> int:
         """Supervise until completion, termination or giving up; return the exit status."""
@@ -296,7 +356,9 @@ def main(argv: list[str]) -> int:
         args = parse_args(argv)
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
-    state_file = args.state_file or HarnessSettings.from_env().supervisor_state_file
+    share_with_pod()  # inherited by the training command
+    settings = HarnessSettings.from_env()
+    state_file = args.state_file or settings.supervisor_state_file
     supervisor = Supervisor(
         args.command,
         state_file,
@@ -304,6 +366,7 @@ def main(argv: list[str]) -> int:
         backoff=args.backoff,
         backoff_max=args.backoff_max,
         grace_period=args.grace_period,
+        stacks_file=settings.stacks_file,
     )
     publisher = None
     if not args.no_gpu:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from trainguard.contract.files import share_with_pod
 from trainguard_harness.model import GPT, PRESETS
 from trainguard_harness.session import TrainingSession
 from trainguard_harness.settings import HarnessSettings, OnSaveError
@@ -93,6 +94,7 @@ def lr_factor(step: int, warmup: int, total: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     """Train; return 0 when all steps are done, 143 when stopped by SIGTERM."""
     args = parse_args(argv)
+    share_with_pod()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = HarnessSettings.from_env(
         l1_dir=args.l1_dir,

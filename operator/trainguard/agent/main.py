@@ -2,10 +2,12 @@
 
 Every `monitor.intervalSeconds` it collects the signals, classifies a verdict and renews the
 run's heartbeat Lease with the verdict and compact evidence (annotations under 1 KiB). A
-changed verdict renews at once and becomes an Event. On `Hung` it first dumps the trainer's
-stacks (through the harness's faulthandler signal) into its log and an Event, then kills the
-training process so the supervisor restarts it in place. When the API is unreachable it keeps
-monitoring and retries with back-off: the agent never crash-loops.
+changed verdict renews at once and becomes an Event. On `Hung` it has the trainer's stacks
+dumped (the harness's faulthandler signal) into its log and an Event, and the training process
+killed so the supervisor restarts it in place (`trainguard.agent.stopping`: through the
+supervisor, since the agent runs as another user); a kill that did not happen is an Event too.
+When the API is unreachable it keeps monitoring and retries with back-off: the agent never
+crash-loops.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import signal
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from trainguard.agent.shipper import Shipper
 from trainguard.agent.signals import Collector, newest_saved_step
+from trainguard.agent.stopping import stop_hung
 from trainguard.agent.verdicts import (
     DEAD,
     HEALTHY,
@@ -36,15 +38,14 @@ from trainguard.agent.verdicts import (
 from trainguard.api import constants
 from trainguard.contract import env, reports
 from trainguard.contract.env import PodEnv
-from trainguard.contract.files import RESTORE_FILENAME, read_restore_report
+from trainguard.contract.files import RESTORE_FILENAME, read_restore_report, share_with_pod
 from trainguard.layers import LayerConfig, open_layer
 
 ANNOTATION_LAYERS = constants.ANNOTATION_LAYERS
 ANNOTATION_RESTORED = constants.ANNOTATION_RESTORED
 ANNOTATION_LIMIT = 1000  # bytes of evidence JSON; all annotations stay well under 1 KiB
 MAX_BACKOFF_S = 30.0
-STACK_WAIT_S = 3.0
-STACK_READ_BYTES = 4096
+KILL_RETRY_S = 30.0  # a hung trainer that could not be killed is tried again after this
 STACK_EVENT_BYTES = 900  # an Event message stays under 1 KiB
 FRAME_FILE = re.compile(r'File "([^"]+)"')
 STDLIB_MARK = "/lib/python3"
@@ -100,38 +101,6 @@ def shorten_dump(dump: str) -> str:
     return data[:keep].decode(errors="ignore") + marker
 
 
-def dump_stacks(pid: int, stacks: Path) -> str:
-    """Ask the trainer for its stacks (SIGUSR1 → the harness's faulthandler) and read them.
-
-    A stopped trainer is continued so that the handler runs (it is killed right after).
-    Returns the new dump, or a note when the trainer did not answer.
-    """
-    # The file is appended to on each signal: this dump starts where the file ends now.
-    before = stacks.stat().st_size if stacks.exists() else 0
-    dump = ""
-    try:
-        os.kill(pid, signal.SIGUSR1)
-        os.kill(pid, signal.SIGCONT)  # a stopped process handles the signal only once resumed
-        deadline = time.monotonic() + STACK_WAIT_S
-        while time.monotonic() < deadline:
-            if stacks.exists() and stacks.stat().st_size > before:
-                time.sleep(0.2)  # let the handler finish writing
-                with stacks.open("rb") as handle:
-                    handle.seek(before)
-                    dump = handle.read(STACK_READ_BYTES).decode(errors="replace")
-                break
-            time.sleep(0.05)
-    except ProcessLookupError:
-        pass
-    return dump or "(no stack dump: the trainer did not answer SIGUSR1)"
-
-
-def kill(pid: int) -> None:
-    """SIGKILL a trainer process; one already gone is fine."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
 def since_text(wall: float) -> str:
     """A wall-clock time as the Lease's verdict-since annotation (RFC 3339, UTC, µs)."""
     return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -168,7 +137,8 @@ class Agent:
             supervisor_file=self.pod.supervisor_file,
         )
         self.verdict: Verdict | None = None
-        self.killed_pid: int | None = None
+        self.killed_pid: int | None = None  # a hung trainer whose kill is confirmed
+        self.stop_tried: dict[int, float] = {}  # hung trainers and when stopping them was tried
         self.verdict_since = ""
         self.since_pid: int | None = None  # the trainer the current verdict is about
         self.backoff = 0.0
@@ -209,18 +179,37 @@ class Agent:
             if verdict.name not in (HEALTHY, UNKNOWN):
                 self.pending_events.append((f"Verdict{verdict.name}", verdict.reason, True))
         self.verdict = verdict
-        if verdict.name == HUNG and pid is not None and pid != self.killed_pid:
-            self.killed_pid = pid
-            dump = dump_stacks(pid, self.pod.stacks_file(pid))
-            log(f"stacks of hung trainer pid {pid}:\n{dump}")
-            self.pending_events.append(("HungTrainerStacks", shorten_dump(dump), True))
-            # The verdict and the dump reach the Lease and an Event before the kill.
+        if verdict.name == HUNG and pid is not None and self._should_stop(pid, now):
+            # The verdict reaches the Lease before the kill.
             self.report(verdict, force=True)
-            kill(pid)
-            log(f"killed hung trainer pid {pid}; the supervisor restarts it in place")
+            self.stop_hung(pid, verdict, now)
             return verdict
         self.report(verdict, force=changed)
         return verdict
+
+    def _should_stop(self, pid: int, now: float) -> bool:
+        if pid == self.killed_pid:
+            return False
+        tried = self.stop_tried.get(pid)
+        return tried is None or now - tried >= KILL_RETRY_S
+
+    def stop_hung(self, pid: int, verdict: Verdict, now: float) -> None:
+        """Dump the hung trainer's stacks and kill it; record the kill only once it happened."""
+        first_try = pid not in self.stop_tried
+        self.stop_tried[pid] = now
+        result = stop_hung(self.pod, pid, verdict.reason)
+        if first_try or result.dump:
+            dump = result.dump or "(no stack dump: the trainer did not answer SIGUSR1)"
+            log(f"stacks of hung trainer pid {pid}:\n{dump}")
+            self.pending_events.append(("HungTrainerStacks", shorten_dump(dump), True))
+        if result.killed:
+            self.killed_pid = pid
+            log(f"hung trainer pid {pid} {result.how}; the supervisor restarts it in place")
+        else:
+            message = f"hung trainer pid {pid} not killed: {result.how}"
+            log(message)
+            self.pending_events.append(("HungTrainerNotKilled", message, True))
+        self.report(verdict, force=True)
 
     def annotations(self, verdict: Verdict) -> dict[str, str]:
         """The Lease annotations for one renewal."""
@@ -296,6 +285,7 @@ def main(argv: list[str]) -> int:
     """Entry point of `trainguard agent`."""
     parser = argparse.ArgumentParser(prog="trainguard agent", description=__doc__)
     parser.parse_args(argv)
+    share_with_pod()
     environ = dict(os.environ)
     from trainguard.agent.kube import AgentApiError, AgentClient, RunRef
 

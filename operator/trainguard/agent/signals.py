@@ -89,31 +89,60 @@ def _cmdline(pid: int, proc: Path) -> bytes | None:
         return None
 
 
-def _environ_has(pid: int, proc: Path, marker: bytes) -> bool:
+def _parent(pid: int, proc: Path) -> int | None:
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split(" ", 2)[1])
+
+
+def _in_run(pid: int, proc: Path, marker: bytes) -> bool:
+    """Whether process `pid` belongs to this run, judged by `marker` in its environment.
+
+    Another user's environment cannot be read (EPERM): that happens on a real node, where the
+    shared process namespace is the pod's own, so every process in it is the run's. A process
+    node shares the host's process table, but runs every container as one user, so the marker
+    is readable there and keeps other pods' trainers out.
+    """
     try:
         return marker in (proc / str(pid) / "environ").read_bytes().split(b"\0")
+    except PermissionError:
+        return True
     except OSError:
-        return False
+        return False  # exited while we looked
 
 
 def count_like(pid: int, marker: bytes, proc: Path = Path("/proc")) -> int:
-    """Live processes running the same command line as `pid` with `marker` in their env.
+    """Trainer processes of this run: those running `pid`'s command line, forked workers not.
 
-    More than one means a duplicate trainer: the ghost seen from the other side.
+    More than one means a duplicate trainer: the ghost seen from the other side. A process
+    whose ancestor is itself such a process is that trainer's child (a DataLoader forks its
+    workers with the trainer's command line) and is not another trainer.
     """
     reference = _cmdline(pid, proc)
     if not reference:
         return 0
-    count = 0
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        other = int(entry.name)
-        if proc_state(other, proc) in (None, "Z"):
-            continue
-        if _cmdline(other, proc) == reference and _environ_has(other, proc, marker):
-            count += 1
-    return count
+    same_command = [
+        int(entry.name)
+        for entry in proc.iterdir()
+        if entry.name.isdigit() and _cmdline(int(entry.name), proc) == reference
+    ]
+    trainers = {
+        other
+        for other in same_command
+        if proc_state(other, proc) not in (None, "Z") and _in_run(other, proc, marker)
+    }
+    return sum(1 for other in trainers if not _has_ancestor_in(other, trainers, proc))
+
+
+def _has_ancestor_in(pid: int, group: set[int], proc: Path, depth: int = 8) -> bool:
+    parent = _parent(pid, proc)
+    while parent is not None and parent > 1 and depth > 0:
+        if parent in group:
+            return True
+        parent, depth = _parent(parent, proc), depth - 1
+    return False
 
 
 def newest_saved_step(l1: Path) -> int | None:

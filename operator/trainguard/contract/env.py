@@ -64,6 +64,7 @@ from trainguard.api.spec import (
 from trainguard.contract.files import (
     GPU_FILENAME,
     HEARTBEAT_FILENAME,
+    KILL_REQUEST_FILENAME,
     STACKS_FILENAME_PATTERN,
     SUPERVISOR_FILENAME,
 )
@@ -202,6 +203,11 @@ class PodEnv(BaseModel):
     def supervisor_file(self) -> Path:
         """The supervisor's state file: next to the heartbeat."""
         return self.heartbeat.parent / SUPERVISOR_FILENAME
+
+    @property
+    def kill_request_file(self) -> Path:
+        """Where the agent asks the supervisor to kill a hung trainer: next to the heartbeat."""
+        return self.heartbeat.parent / KILL_REQUEST_FILENAME
 
     def stacks_file(self, pid: int) -> Path:
         """Where the harness dumps the stacks of trainer process `pid` (in the state dir)."""

@@ -8,12 +8,13 @@ of the pod. What each file is, who writes it and who reads it:
 | `heartbeat.json` | the harness (`trainguard_harness.heartbeat`) | the agent (`agent.signals`) |
 | `gpu.json` | the supervisor (`trainguard.gpu.publish`) | the agent (`gpu.read_published`) |
 | `supervisor.json` (next to the heartbeat) | the supervisor | the agent |
+| `kill-request.json` (next to the heartbeat) | the agent, for a hung trainer | the supervisor |
 | `stacks-<pid>.txt` | the harness, on SIGUSR1 (faulthandler) | the agent, for the hang Event |
 | `preflight.json` | `trainguard preflight` | the agent (`trainguard.contract.reports`) |
 | `staging.json` | `trainguard stage-data` | the agent (`trainguard.contract.reports`) |
 | `restore.json` | `trainguard restore` | the agent (`read_restore_report`) |
 
-Paths come from `PodEnv` (`heartbeat`, `gpu`, `supervisor_file`, `stacks_file`,
+Paths come from `PodEnv` (`heartbeat`, `gpu`, `supervisor_file`, `kill_request_file`, `stacks_file`,
 `report_file`); the names are defined here and nowhere else. Every writer replaces its file
 atomically (`write_atomic`), so a reader never sees half of one and `read_json` returns None
 only while a file does not exist yet or is not JSON.
@@ -31,6 +32,7 @@ from typing import Any
 HEARTBEAT_FILENAME = "heartbeat.json"
 GPU_FILENAME = "gpu.json"
 SUPERVISOR_FILENAME = "supervisor.json"
+KILL_REQUEST_FILENAME = "kill-request.json"
 STACKS_FILENAME_PATTERN = "stacks-{pid}.txt"
 PREFLIGHT_FILENAME = "preflight.json"
 STAGING_FILENAME = "staging.json"
@@ -41,10 +43,26 @@ STATE_FILENAMES = (
     HEARTBEAT_FILENAME,
     GPU_FILENAME,
     SUPERVISOR_FILENAME,
+    KILL_REQUEST_FILENAME,
     PREFLIGHT_FILENAME,
     STAGING_FILENAME,
     RESTORE_FILENAME,
 )
+
+
+# The pod's programs create files and directories group-writable: the containers run as
+# different users sharing the pod's `fsGroup`, and one must be able to replace or prune what
+# another wrote (the trainer prunes checkpoints the restore step wrote).
+SHARED_UMASK = 0o002
+
+
+def share_with_pod() -> None:
+    """Make what this process creates writable by the pod's group (`SHARED_UMASK`).
+
+    Called first by every program that runs in a training pod (agent, init steps, supervisor,
+    reference trainer); the supervisor's umask is inherited by the training command.
+    """
+    os.umask(SHARED_UMASK)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

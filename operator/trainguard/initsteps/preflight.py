@@ -645,6 +645,7 @@ def main(argv: list[str]) -> int:
     """Entry point of `trainguard preflight` (the first init step of the training pod)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    files.share_with_pod()
     environ = dict(os.environ)
     try:
         settings = settings_from(args, environ)  # ContractError is a ValueError

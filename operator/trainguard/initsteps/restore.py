@@ -13,7 +13,12 @@ from pathlib import Path
 
 from trainguard.ckpt import Contents, scan
 from trainguard.contract.env import PodEnv
-from trainguard.contract.files import RESTORE_FILENAME, RestoreReport, write_restore_report
+from trainguard.contract.files import (
+    RESTORE_FILENAME,
+    RestoreReport,
+    share_with_pod,
+    write_restore_report,
+)
 from trainguard.layers import COST, Layer, LayerConfig, LayerError, open_layer
 
 
@@ -57,6 +62,7 @@ def restore(l1: Path, layers: list[Layer]) -> RestoreReport:
 def main(argv: list[str]) -> int:
     """Entry point of `trainguard restore` (an init step of the training pod)."""
     argparse.ArgumentParser(prog="trainguard restore", description=__doc__).parse_args(argv)
+    share_with_pod()
     environ = dict(os.environ)
     pod = PodEnv.from_env(environ)
     pod.l1_dir.mkdir(parents=True, exist_ok=True)

@@ -824,6 +824,7 @@ def main(argv: list[str]) -> int:
     """Entry point of `trainguard stage-data` (an init step of the training pod)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    files.share_with_pod()
     environ = dict(os.environ)
     try:
         pod = PodEnv.from_env(environ)

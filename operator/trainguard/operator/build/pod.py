@@ -52,8 +52,16 @@ from trainguard.operator.build.meta import child_meta, run_name
 from trainguard.operator.build.names import pod_labels, pod_name, rbac_name
 from trainguard.operator.build.sizing import DiskSizes, disk_sizes, mebibytes
 
-# Secrets are read by the agent's user only.
-SECRET_MODE = 0o400
+# Every container of the pod runs with this supplementary group (the pod's `fsGroup`), so the
+# volumes they share are group-owned: the kubelet makes emptyDirs and claims group-writable
+# (setgid), and the pod's programs create with a group-writable umask
+# (`trainguard.contract.files.share_with_pod`). Containers may run as different users (the
+# agent's image and the trainer's image each declare their own); the group is what lets the
+# trainer prune a checkpoint the restore step wrote.
+POD_FS_GROUP = 65532
+# A layer's Secret: root-owned, readable by the pod's group, in the containers that mount it
+# (the agent and the restore step; never the trainer).
+SECRET_MODE = 0o440
 # Node affinity on the node's name, not its hostname label, which may differ from it.
 NODE_NAME_FIELD = "metadata.name"
 SPEC_HASH_LENGTH = 16
@@ -89,7 +97,12 @@ def training_pod(run: TrainingRun, inputs: PodInputs) -> dict[str, Any]:
         "shareProcessNamespace": True,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
-        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "fsGroup": POD_FS_GROUP,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "initContainers": [
             _agent(spec, inputs.agent_image, contract),
             *_init_steps(spec, inputs.agent_image, contract),
