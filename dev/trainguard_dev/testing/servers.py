@@ -48,16 +48,21 @@ def free_ports(count: int) -> list[int]:
 
 @dataclass
 class SeaweedFS:
-    """A `weed server` (master, volume, filer, S3 gateway) on loopback."""
+    """A `weed server` (master, volume, filer, S3 gateway) on loopback, or on `ip`.
+
+    `ip` is an address of this machine (for pods on real nodes: the host's address on the
+    cluster's pod network); the default keeps it on loopback.
+    """
 
     root: Path
+    ip: str = "127.0.0.1"
     ports: list[int] = field(default_factory=lambda: free_ports(8))
     process: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
         """The S3 endpoint URL."""
-        return f"http://127.0.0.1:{self.ports[6]}"
+        return f"http://{self.ip}:{self.ports[6]}"
 
     def start(self) -> None:
         """Start (or restart, on the same ports and data) and wait until S3 answers."""
@@ -76,8 +81,8 @@ class SeaweedFS:
             str(WEED),
             "server",
             f"-dir={data}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
+            f"-ip={self.ip}",
+            f"-ip.bind={self.ip}",
             f"-master.port={master}",
             f"-master.port.grpc={master_grpc}",
             "-master.volumeSizeLimitMB=64",
