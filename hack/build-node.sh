@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and installs what a real node of the local cluster runs, reusing what is already there:
-#   - kubelet, from the same pinned Kubernetes tools module as the control plane
-#     (hack/tools/kubernetes), so it shares that build cache and its version;
+#   - kubelet and kube-proxy, from the same pinned Kubernetes tools module as the control plane
+#     (hack/tools/kubernetes), so they share that build cache and its version;
 #   - containerd, containerd-shim-runc-v2 and ctr, from the module pinned in
 #     hack/tools/containerd (containerd 2: Kubernetes 1.35 was the last to support 1.x);
 #   - runc, from the module pinned in hack/tools/runc (cgo and libseccomp: runc's nsenter is C);
@@ -53,6 +53,9 @@ fi
 # kubelet: the control plane's flags exactly (CGO off, the same tags, -trimpath), so a machine
 # that built the control plane reuses most of Go's build cache and the version reads the same.
 CGO_ENABLED=0 build kubelet "$KUBE_VERSION" kubernetes k8s.io/kubernetes/cmd/kubelet \
+  selinux,notest,grpcnotrace "$(kube_version_ldflags "$KUBE_VERSION")"
+# kube-proxy: each real node runs one (iptables mode), so pods reach Services such as `kubernetes`.
+CGO_ENABLED=0 build kube-proxy "$KUBE_VERSION" kubernetes k8s.io/kubernetes/cmd/kube-proxy \
   selinux,notest,grpcnotrace "$(kube_version_ldflags "$KUBE_VERSION")"
 
 # containerd: static Go binaries, without the btrfs snapshotter (it needs C headers) and with

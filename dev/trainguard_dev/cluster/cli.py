@@ -29,6 +29,12 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="process-backed GPU nodes whose pods run as local processes (default: 0)",
     )
+    up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=0,
+        help="real nodes (kubelet, containerd, runc, kube-proxy; needs root) (default: 0)",
+    )
     up.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default: 8)")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for ready")
     down = named("down", "stop every component by its recorded PID")
@@ -44,7 +50,7 @@ def main(argv: list[str]) -> int:
     cluster = Cluster(args.name)
     try:
         if args.action == "up":
-            if min(args.nodes, args.process_nodes, args.gpus_per_node) < 0:
+            if min(args.nodes, args.process_nodes, args.real_nodes, args.gpus_per_node) < 0:
                 print("trainguard dev cluster up: node and GPU counts must be >= 0")
                 return 2
             seconds = cluster.up(
@@ -52,18 +58,21 @@ def main(argv: list[str]) -> int:
                 gpus_per_node=args.gpus_per_node,
                 timeout=args.timeout,
                 process_nodes=args.process_nodes,
+                real_nodes=args.real_nodes,
             )
             print(
                 f"cluster {cluster.name!r}: {args.nodes} kwok + {args.process_nodes} "
-                f"process-backed GPU nodes, logs in {cluster.log_dir}"
+                f"process-backed + {args.real_nodes} real GPU nodes, logs in {cluster.log_dir}"
             )
+            for node in cluster.real_nodes.nodes():
+                print(f"{node.name} Ready (IP {node.ip}, pods {node.subnet})")
             print(f"export KUBECONFIG={cluster.kubeconfig}")
             print(f"ready in {seconds:.1f} s")
         elif args.action == "down":
             stopped = cluster.down(purge=args.purge)
             print(f"cluster {cluster.name!r}: stopped {', '.join(stopped) or 'nothing'}")
         elif args.action == "status":
-            states = cluster.status()
+            states = cluster.status() + cluster.real_node_status()
             for s in states:
                 state = "running" if s.alive else "stopped"
                 print(f"{s.name:<24} {state:<8} pid {s.pid if s.pid else '-'}")

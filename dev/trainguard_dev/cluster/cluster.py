@@ -29,6 +29,7 @@ from typing import Any
 
 from trainguard_dev.cluster import nodes as node_manifests
 from trainguard_dev.cluster.pki import Pki
+from trainguard_dev.cluster.realnode import SERVICE_CIDR, RealNodeError, RealNodes
 
 # Order matters: each component needs the ones before it. procnode (the runtime of the
 # process-backed nodes) runs only when the cluster has such nodes.
@@ -42,7 +43,6 @@ COMPONENTS = (
 )
 OPTIONAL_COMPONENTS = ("procnode",)
 PORT_NAMES = ("etcd-client", "etcd-peer", "apiserver", "controller-manager", "scheduler", "kwok")
-SERVICE_CIDR = "10.96.0.0/16"
 # Short grace periods make node-loss scenarios observable in seconds, not minutes.
 NODE_MONITOR_GRACE = "20s"
 NODE_MONITOR_PERIOD = "2s"
@@ -164,6 +164,7 @@ class Cluster:
         self.log_dir = self.root / "logs"
         self.pid_dir = self.root / "pids"
         self._bin_dir: Path | None = None
+        self.real_nodes = RealNodes(self)
 
     # ----- paths and helpers -------------------------------------------------------------
 
@@ -247,6 +248,20 @@ class Cluster:
         except (FileNotFoundError, ValueError):
             return None
 
+    def real_node_status(self) -> list[ComponentStatus]:
+        """PID and liveness of each real node's containerd, kubelet and kube-proxy."""
+        result = []
+        for node in self.real_nodes.nodes():
+            for part in ("containerd", "kubelet", "kube-proxy"):
+                component = f"{node.name}.{part}"
+                pid = self._read_pid(component)
+                result.append(ComponentStatus(component, pid, pid is not None and _pid_alive(pid)))
+        return result
+
+    def pod_reachable_host_ip(self) -> str:
+        """A host address that pods on every real node reach (servers for pods bind it)."""
+        return self.real_nodes.pod_reachable_host_ip()
+
     def is_up(self) -> bool:
         """Every component alive and the apiserver ready."""
         if not all(s.alive for s in self.status()):
@@ -264,18 +279,26 @@ class Cluster:
         gpus_per_node: int = 8,
         timeout: float = 120.0,
         process_nodes: int = 0,
+        real_nodes: int = 0,
     ) -> float:
         """Bring the cluster up (idempotent); return seconds to ready.
 
-        `nodes` kwok GPU nodes (`gpu-node-<i>`) and `process_nodes` process-backed GPU nodes
-        (`proc-node-<i>`, whose pods run as local processes).
+        `nodes` kwok GPU nodes (`gpu-node-<i>`), `process_nodes` process-backed GPU nodes
+        (`proc-node-<i>`, whose pods run as local processes) and `real_nodes` real nodes
+        (`real-node-<i>`: kubelet, containerd, runc, kube-proxy; see `realnode`).
         """
         started = time.monotonic()
         deadline = started + timeout
         bin_dir = self.bin_dir
         if not self.is_up():
             self.down()
+            if real_nodes > 0:
+                self.root.mkdir(parents=True, exist_ok=True)
+                self._real_mode_marker.touch()
             self._start_all(bin_dir, deadline)
+        elif real_nodes > 0 and not self._real_mode_marker.exists():
+            self._real_mode_marker.touch()
+            self._restart_apiserver(bin_dir, deadline)
         manifests = [
             node_manifests.gpu_node(node_manifests.node_name(i), gpus=gpus_per_node)
             for i in range(nodes)
@@ -287,7 +310,26 @@ class Cluster:
         ]
         self._ensure_procnode(proc_names, deadline)
         self._ensure_nodes(manifests, deadline)
+        try:
+            self.real_nodes.ensure(real_nodes, gpus_per_node, deadline)
+        except RealNodeError as err:
+            raise ClusterError(str(err)) from err
         return time.monotonic() - started
+
+    @property
+    def _real_mode_marker(self) -> Path:
+        # Present when the apiserver runs with what real nodes need (see _apiserver_args).
+        return self.root / "apiserver-for-real-nodes"
+
+    def _restart_apiserver(self, bin_dir: Path, deadline: float) -> None:
+        pid = self._read_pid("kube-apiserver")
+        if pid is not None:
+            _terminate(pid)
+        ports = self.ports()
+        self._spawn(
+            "kube-apiserver", [str(bin_dir / "kube-apiserver"), *self._apiserver_args(ports)]
+        )
+        self._wait("kube-apiserver", deadline, self._apiserver_ready)
 
     def _ensure_procnode(self, names: list[str], deadline: float) -> None:
         record = self.root / "procnode-nodes"
@@ -366,7 +408,7 @@ class Cluster:
         pki = self.pki
         return [
             f"--etcd-servers=http://127.0.0.1:{ports['etcd-client']}",
-            "--bind-address=127.0.0.1",
+            f"--bind-address={'0.0.0.0' if self._real_mode_marker.exists() else '127.0.0.1'}",
             # Needed where the machine has no default route to derive an address from.
             "--advertise-address=127.0.0.1",
             f"--secure-port={ports['apiserver']}",
@@ -382,6 +424,26 @@ class Cluster:
             "--allow-privileged=true",
             f"--cert-dir={self.root / 'apiserver-certs'}",
             "--profiling=false",
+            *self._real_node_apiserver_args(),
+        ]
+
+    def _real_node_apiserver_args(self) -> list[str]:
+        """What real nodes need of the apiserver (only once a cluster has real nodes).
+
+        Pods reach it through the `kubernetes` Service at a bridge gateway address, so it
+        listens on every address of this machine, not only loopback (clients still
+        need a certificate from the cluster CA or a token). It calls kubelets (logs, exec)
+        at their InternalIP, with the admin certificate, and verifies their serving
+        certificates, which the cluster CA signs.
+        """
+        if not self._real_mode_marker.exists():
+            return []
+        pki = self.pki
+        return [
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki.cert}",
+            f"--kubelet-client-key={pki.key}",
+            f"--kubelet-certificate-authority={pki.ca_cert}",
         ]
 
     def _component_kubeconfig_args(self) -> list[str]:
@@ -548,7 +610,9 @@ class Cluster:
 
     def down(self, purge: bool = False) -> list[str]:
         """Stop every component by its recorded PID (newest first); return those stopped."""
-        stopped = []
+        stopped = [s.name for s in self.real_node_status() if s.alive]
+        self.real_nodes.down()
+        self._real_mode_marker.unlink(missing_ok=True)
         for component in reversed(COMPONENTS):
             pid = self._read_pid(component)
             if pid is not None and _pid_alive(pid):

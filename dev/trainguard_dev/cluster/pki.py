@@ -93,6 +93,33 @@ class Pki:
         _openssl("genrsa", "-out", self.sa_key, "2048")
         _openssl("rsa", "-in", self.sa_key, "-pubout", "-out", self.sa_pub)
 
+    def issue(self, stem: Path, subject: str, names: tuple[str, ...] = ()) -> tuple[Path, Path]:
+        """Sign a client+serving certificate for `subject` (e.g. ``/O=grp/CN=user``).
+
+        Writes ``<stem>.crt`` and ``<stem>.key``; `names` are subjectAltName entries
+        (``IP:...``, ``DNS:...``). Returns (certificate, key); an existing pair is kept.
+        """
+        cert, key = stem.with_suffix(".crt"), stem.with_suffix(".key")
+        if cert.exists() and key.exists():
+            return cert, key
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        _openssl("genrsa", "-out", key, "2048")
+        csr, ext = stem.with_suffix(".csr"), stem.with_suffix(".ext")
+        _openssl("req", "-new", "-key", key, "-subj", subject, "-out", csr)
+        lines = [
+            "basicConstraints=CA:FALSE",
+            "keyUsage=digitalSignature,keyEncipherment",
+            "extendedKeyUsage=serverAuth,clientAuth",
+        ]
+        if names:
+            lines.append(f"subjectAltName={','.join(names)}")
+        ext.write_text("\n".join(lines) + "\n")
+        _openssl(
+            "x509", "-req", "-in", csr, "-CA", self.ca_cert, "-CAkey", self.ca_key,
+            "-CAcreateserial", "-days", DAYS, "-extfile", ext, "-out", cert,
+        )  # fmt: skip
+        return cert, key
+
 
 def _openssl(*args: str | Path) -> None:
     result = subprocess.run(

@@ -1,0 +1,118 @@
+"""Real nodes for the `realnodes` tier: added to the session's control plane, not a second one.
+
+Heavy scenarios share one cluster: `real_cluster` adds REAL_NODES real nodes (kubelet,
+containerd, runc, kube-proxy) to the suite's `cluster` (its apiserver restarts once with what
+real nodes need), imports the test shell image into each, and takes a snapshot of the host
+before, so that a test can check that removing them leaves the host as it was. The real
+nodes are removed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_NODES, TEST_PROCESS_NODES
+from trainguard_dev.cluster import realnode
+from trainguard_dev.cluster.cluster import Cluster
+
+REAL_NODES = 2
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """What real nodes may change on the host: processes, mounts, cgroups, links, rules."""
+
+    processes: frozenset[str]
+    mounts: frozenset[str]
+    cgroups: frozenset[str]
+    links: frozenset[str]
+    iptables: frozenset[str]
+    ip_forward: str
+    paths: frozenset[str]
+
+
+def _processes(root: Path) -> frozenset[str]:
+    """Processes of real nodes: named by the cluster's files, or in a real node's cgroups."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cgroups = (entry / "cgroup").read_text()
+        except OSError:
+            continue
+        if f"{root}/realnodes" in cmdline or "/trainguard-" in cgroups:
+            found.add(f"{entry.name} {cmdline}")
+    return frozenset(found)
+
+
+def _iptables_rules() -> frozenset[str]:
+    # Rules and user chains only: listing a table instantiates its empty built-in chains.
+    rules = set()
+    for tool in realnode.IPTABLES:
+        for table in realnode.IPTABLES_TABLES:
+            out = subprocess.run(
+                [tool, "-t", table, "-S"], capture_output=True, text=True, check=False
+            ).stdout
+            for line in out.splitlines():
+                if line.startswith(("-A", "-N")):
+                    rules.add(f"{tool} {table} {shlex.join(shlex.split(line))}")
+    return frozenset(rules)
+
+
+def host_snapshot(root: Path) -> HostSnapshot:
+    """The host's state as far as real nodes touch it."""
+    # Mounts real nodes make: under the cluster, the kubelet's and CNI's host paths, netns.
+    places = (str(root), *realnode.HOST_PATHS)
+    mounts = frozenset(
+        m for m, fstype in realnode._mounts() if fstype == "nsfs" or m.startswith(places)
+    )
+    cgroups = frozenset(str(p) for h in realnode._hierarchies() for p in h.glob("trainguard-*"))
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    return HostSnapshot(
+        processes=_processes(root),
+        mounts=mounts,
+        cgroups=cgroups,
+        links=frozenset(line.split(":")[1].strip() for line in links.stdout.splitlines()),
+        iptables=_iptables_rules(),
+        ip_forward=Path("/proc/sys/net/ipv4/ip_forward").read_text().strip(),
+        paths=frozenset(p for p in realnode.HOST_PATHS if Path(p).exists()),
+    )
+
+
+@dataclass(frozen=True)
+class RealCluster:
+    """The session's cluster with real nodes, the shell image in them, the host before."""
+
+    cluster: Cluster
+    before: HostSnapshot
+    image: str
+    image_tar: Path
+
+    def up(self) -> float:
+        """(Re)start the real nodes (idempotent); return the seconds it took."""
+        seconds = self.cluster.up(
+            nodes=TEST_NODES, process_nodes=TEST_PROCESS_NODES, real_nodes=REAL_NODES
+        )
+        realnode.import_image_everywhere(self.cluster, self.image_tar, self.image)
+        return seconds
+
+
+@pytest.fixture(scope="session")
+def real_cluster(cluster: Cluster) -> Iterator[RealCluster]:
+    """The session's control plane with REAL_NODES real nodes (removed at the end)."""
+    before = host_snapshot(cluster.root)
+    image_tar, image = realnode.busybox_image()
+    started = RealCluster(cluster, before, image, image_tar)
+    try:
+        started.up()
+        yield started
+    finally:
+        cluster.real_nodes.down()
