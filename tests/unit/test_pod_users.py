@@ -30,6 +30,7 @@ from trainguard.contract.env import PodEnv
 from trainguard.contract.files import read_json, share_with_pod
 from trainguard.operator.build.pod import POD_FS_GROUP
 from trainguard.operator.build.pod import SECRET_MODE as POD_SECRET_MODE
+from trainguard.operator.main import identity as operator_identity
 from trainguard_dev.testing.polling import eventually
 from trainguard_harness import supervisor
 
@@ -295,3 +296,16 @@ def test_agent_reads_a_layer_secret_through_the_group_and_others_cannot(pod_dir:
     # Outside the pod's group (another pod's user): denied. The trainer is in the group, so
     # it is kept from the credentials by never mounting them (tests/unit/test_build_pod.py).
     assert as_user(OUTSIDER_UID, read, groups=[]) == "denied"
+
+
+def test_operator_names_itself_as_a_user_without_a_passwd_entry() -> None:
+    # The operator image runs as 65532, which has no entry in the image's password database:
+    # kopf's own guess (getpass.getuser) raised KeyError and the operator crash-looped.
+    environ = {
+        k: os.environ.pop(k) for k in ("LOGNAME", "USER", "LNAME", "USERNAME") if k in os.environ
+    }
+    try:
+        name = as_user(OUTSIDER_UID, operator_identity)
+    finally:
+        os.environ.update(environ)
+    assert name.startswith(f"uid-{OUTSIDER_UID}@"), name

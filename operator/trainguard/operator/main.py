@@ -9,8 +9,10 @@ the settings of `trainguard.operator.config` as flags. Watches the namespaces gi
 from __future__ import annotations
 
 import argparse
+import getpass
 import logging
 import os
+import socket
 
 import kopf
 
@@ -54,6 +56,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def identity() -> str:
+    """Who this operator is, for kopf: `<user>@<host>`, where the user may have no name.
+
+    kopf's own guess asks the password database for the user's name, and a container's fixed
+    numeric user (the image's 65532) usually has no entry there: it would crash at start.
+    """
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid-{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
 def main(argv: list[str]) -> int:
     """Run the operator until it is stopped (SIGINT/SIGTERM); return its exit status."""
     args = _parser().parse_args(argv)
@@ -77,6 +92,7 @@ def main(argv: list[str]) -> int:
     import trainguard.operator.metrics  # noqa: F401
 
     kopf.run(
+        identity=identity(),
         standalone=True,
         clusterwide=args.all_namespaces,
         namespaces=args.namespace or (),
