@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 NODE_PREFIX = "real-node-"
 SERVICE_CIDR = "10.96.0.0/16"  # the control plane's --service-cluster-ip-range
 NODE_KIND_LABEL = "trainguard.dev/node-kind"
+NODE_KIND_REAL = "real"
 NAMESPACE = "k8s.io"  # the containerd namespace of the CRI plugin
 PAUSE_REF_BASE = "localhost/trainguard/pause"
 BUSYBOX_REF_BASE = "localhost/trainguard/busybox"
@@ -221,6 +222,11 @@ class RealNode:
     def socket(self) -> Path:
         """The socket of the node's containerd."""
         return self.root / "containerd" / "containerd.sock"
+
+    @property
+    def kubelet_root(self) -> Path:
+        """The kubelet's `--root-dir`: pods' volumes are under `pods/<uid>/volumes/`."""
+        return self.root / "kubelet" / "root"
 
     @property
     def gpusim_dir(self) -> Path:
@@ -439,14 +445,14 @@ class RealNodes:
             for k, v in node_manifests.gpu_node(node.name)["metadata"]["labels"].items()
             if not k.startswith("kubernetes.io/") and k not in ("type", "nvidia.com/gpu.count")
         }
-        labels[NODE_KIND_LABEL] = "real"
+        labels[NODE_KIND_LABEL] = NODE_KIND_REAL
         self.cluster._spawn(
             self._component(node, "kubelet"),
             [
                 str(node.bin_dir / "kubelet"),
                 f"--config={node.root / 'kubelet' / 'config.yaml'}",
                 f"--kubeconfig={kubeconfig}",
-                f"--root-dir={node.root / 'kubelet' / 'root'}",
+                f"--root-dir={node.kubelet_root}",
                 f"--cert-dir={node.root / 'kubelet' / 'certs'}",
                 f"--hostname-override={node.name}",
                 f"--node-ip={node.ip}",

@@ -41,3 +41,14 @@ def checkpointed(state: Path, step: int) -> Obj | None:
     """The heartbeat once the trainer has saved a checkpoint at or past `step`, else None."""
     beat = heartbeat(state)
     return beat if beat and (beat.get("last_checkpoint_step") or 0) >= step else None
+
+
+def real_state_dir(kubelet_root: Path, pod: Mapping[str, Any]) -> Path:
+    """The state volume of a pod on a real node whose kubelet's `--root-dir` is `kubelet_root`.
+
+    The kubelet keeps an emptyDir at ``<root-dir>/pods/<uid>/volumes/kubernetes.io~empty-dir/
+    <name>`` (a tmpfs mount for ``medium: Memory``), in the host's mount namespace.
+    """
+    uid = pod["metadata"]["uid"]
+    volumes = kubelet_root / "pods" / uid / "volumes"
+    return volumes / "kubernetes.io~empty-dir" / STATE_VOLUME

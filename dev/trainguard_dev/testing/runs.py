@@ -114,6 +114,43 @@ def file_data(shards: Path) -> Obj:
     return {"source": {"uri": f"file://{shards}"}, "size": SHARDS_SIZE}
 
 
+def reference_command(steps: int, min_step_seconds: float | None) -> list[str]:
+    """The reference trainer's command line: the tiny preset on one CPU thread."""
+    command = ["python", "-m", "trainguard_harness.train", "--preset", "tiny"]
+    command += ["--steps", str(steps), "--threads", "1"]
+    if min_step_seconds is not None:
+        command += ["--min-step-seconds", f"{min_step_seconds:g}"]
+    return command
+
+
+def real_node_run(
+    name: str,
+    image: str,
+    shards_claim: str,
+    every_steps: int,
+    node_selector: Mapping[str, str],
+    spec: Mapping[str, Any] | None = None,
+    *,
+    namespace: str | None = None,
+) -> Obj:
+    """The reference trainer in the trainer image built here, on real nodes.
+
+    Its data is staged from the PVC `shards_claim` (holding `make_shards` output); `spec`
+    changes the rest, as for `reference_run`.
+    """
+    reference: Obj = {
+        "trainer": {
+            "image": image,
+            "command": reference_command(REFERENCE_STEPS, REFERENCE_MIN_STEP_SECONDS),
+        },
+        "model": {"parameters": REFERENCE_PARAMETERS},
+        "data": {"source": {"pvc": {"claimName": shards_claim}}, "size": SHARDS_SIZE},
+        "checkpoints": {"everySteps": every_steps},
+        "placement": {"nodeSelector": dict(node_selector)},
+    }
+    return training_run(name, spec, namespace=namespace, base=reference)
+
+
 def reference_run(
     name: str,
     shards: Path,
@@ -129,12 +166,11 @@ def reference_run(
     It trains on `shards` (see `make_shards`); `spec` changes the rest (monitor, recovery,
     remote layers...). `min_step_seconds=None` lets the tiny model step as fast as it can.
     """
-    command = ["python", "-m", "trainguard_harness.train", "--preset", "tiny"]
-    command += ["--steps", str(steps), "--threads", "1"]
-    if min_step_seconds is not None:
-        command += ["--min-step-seconds", f"{min_step_seconds:g}"]
     reference: Obj = {
-        "trainer": {"image": REFERENCE_IMAGE, "command": command},
+        "trainer": {
+            "image": REFERENCE_IMAGE,
+            "command": reference_command(steps, min_step_seconds),
+        },
         "model": {"parameters": REFERENCE_PARAMETERS},
         "data": file_data(shards),
         "checkpoints": {"everySteps": every_steps},

@@ -1,0 +1,550 @@
+"""Recovery on real nodes: the chart's operator in-cluster, the project's images, real kubelets.
+
+The operator runs from the image built here, installed by `helm install` of the chart as it
+is, on a real node, in a namespace that enforces Pod Security `restricted`; the runs' namespace
+enforces it too. Each run is the reference trainer in the trainer image built here, its data
+staged from a PVC, on the real nodes. The containers run as the users their images declare
+(agent and init steps 65532, trainer 10001). The test reads the trainer's files where the
+kubelet keeps the pod's state volume, and acts on the trainer only as a user could: through
+`kubectl exec` into the trainer container.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from realnodes.conftest import (
+    OPERATOR_NODE,
+    REAL_NODE_SELECTOR,
+    RELEASE_NAMESPACE,
+    RUNS_NAMESPACE,
+    Trainguard,
+)
+from trainguard.api.constants import (
+    LABEL_ATTEMPT,
+    LABEL_RUN,
+    SECRET_KEY_S3_ACCESS_KEY_ID,
+    SECRET_KEY_S3_ENDPOINT_URL,
+    SECRET_KEY_S3_SECRET_ACCESS_KEY,
+    TAINT_UNHEALTHY,
+    Reason,
+)
+from trainguard.ckpt import MANIFEST_FILENAME, parse_step_dirname
+from trainguard.contract import env
+from trainguard.contract.files import HEARTBEAT_FILENAME, RESTORE_FILENAME, read_json
+from trainguard.operator.build.constants import CREDENTIALS_DIR
+from trainguard.operator.build.pod import POD_FS_GROUP
+from trainguard_dev.cluster import realnode
+from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.pods import real_state_dir
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.runs import make_shards, real_node_run
+from trainguard_dev.testing.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
+
+pytestmark = [pytest.mark.realnodes, pytest.mark.timeout(420)]
+
+EVERY_STEPS = 20
+SHARDS_CLAIM = "shards"
+SHARDS_PV = "realnode-shards"
+SECRET = "s3-credentials"
+# Under the ghost threshold: on a live trainer no verdict; left by a death, memory not released.
+GHOST_MIB = 1024
+
+
+def _kubectl_json(cluster: Cluster, *args: str) -> Any:
+    return json.loads(cluster.kubectl(*args, "-o", "json").stdout)
+
+
+def _apply(cluster: Cluster, *objects: dict[str, Any]) -> None:
+    docs = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
+    cluster.kubectl("apply", "-n", RUNS_NAMESPACE, "-f", "-", input=json.dumps(docs))
+
+
+@pytest.fixture(scope="module")
+def shards_claim(trainguard: Trainguard, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A PVC bound to a hostPath volume holding synthetic token shards: the runs' data source."""
+    root = tmp_path_factory.mktemp("realnode-data")
+    shards = make_shards(root / "shards")
+    for path in (root, shards, *shards.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)  # read by the stage-data step's user
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": SHARDS_PV},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadOnlyMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": str(shards), "type": "Directory"},
+            "claimRef": {"namespace": RUNS_NAMESPACE, "name": SHARDS_CLAIM},
+        },
+    }
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": SHARDS_CLAIM, "namespace": RUNS_NAMESPACE},
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "volumeName": SHARDS_PV,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    cluster = trainguard.cluster
+    cluster.kubectl("delete", "pv", SHARDS_PV, "--ignore-not-found", "--wait=false")
+    _apply(cluster, volume, claim)
+    return SHARDS_CLAIM
+
+
+@pytest.fixture
+def run_name(request: pytest.FixtureRequest, trainguard: Trainguard) -> Iterator[str]:
+    """A run name for one test; the run is deleted afterwards."""
+    name = request.node.originalname.removeprefix("test_").replace("_", "-")[:40].strip("-")
+    yield name
+    trainguard.cluster.kubectl(
+        "delete", "trainingrun", name, "-n", RUNS_NAMESPACE, "--wait=false", check=False
+    )
+
+
+def _run(trainguard: Trainguard, name: str, claim: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return real_node_run(
+        name,
+        trainguard.trainer_image.ref,
+        claim,
+        EVERY_STEPS,
+        REAL_NODE_SELECTOR,
+        spec,
+        namespace=RUNS_NAMESPACE,
+    )
+
+
+def _status(cluster: Cluster, name: str) -> dict[str, Any]:
+    run = _kubectl_json(cluster, "get", "trainingrun", name, "-n", RUNS_NAMESPACE)
+    return run.get("status") or {}
+
+
+def _pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    listed = _kubectl_json(
+        cluster, "get", "pods", "-n", RUNS_NAMESPACE, "-l", f"{LABEL_RUN}={name}"
+    )
+    return list(listed["items"])
+
+
+def _bound(cluster: Cluster, name: str, attempt: int = 1) -> dict[str, Any] | None:
+    for pod in _pods(cluster, name):
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(LABEL_ATTEMPT) == str(attempt) and pod["spec"].get("nodeName"):
+            return pod
+    return None
+
+
+def _events(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    listed = _kubectl_json(
+        cluster, "get", "events", "-n", RUNS_NAMESPACE,
+        "--field-selector", f"involvedObject.kind=TrainingRun,involvedObject.name={name}",
+    )  # fmt: skip
+    return list(listed["items"])
+
+
+def _state(trainguard: Trainguard, pod: dict[str, Any]) -> Path:
+    node = trainguard.cluster.real_nodes.node(pod["spec"]["nodeName"])
+    return real_state_dir(node.kubelet_root, pod)
+
+
+def _beat(state: Path) -> dict[str, Any] | None:
+    return read_json(state / HEARTBEAT_FILENAME)
+
+
+def _exec(cluster: Cluster, pod: str, container: str, script: str) -> str:
+    """Run Python in one of the pod's containers, as that container's user."""
+    return cluster.kubectl(
+        "exec", "-n", RUNS_NAMESPACE, pod, "-c", container, "--", "python", "-c", script
+    ).stdout
+
+
+def _training(trainguard: Trainguard, name: str, claim: str, spec: dict[str, Any]) -> Any:
+    """Apply the run; wait for its pod on a real node, two checkpoints and a Healthy verdict."""
+    cluster = trainguard.cluster
+    _apply(cluster, _run(trainguard, name, claim, spec))
+    pod = eventually(
+        lambda: _bound(cluster, name),
+        timeout=60,
+        what="the run's pod bound to a real node",
+        detail=lambda: json.dumps(_status(cluster, name))[:2000],
+    )
+    node = cluster.real_nodes.node(pod["spec"]["nodeName"])  # raises unless a real node
+    state = _state(trainguard, pod)
+
+    def checkpointed() -> dict[str, Any] | None:
+        beat = _beat(state)
+        return beat if beat and (beat.get("last_checkpoint_step") or 0) >= 2 * EVERY_STEPS else None
+
+    eventually(
+        checkpointed,
+        timeout=240,
+        what="training with two checkpoints",
+        detail=lambda: cluster.kubectl(
+            "get", "events", "-n", RUNS_NAMESPACE, "--sort-by=.lastTimestamp", check=False
+        ).stdout[-3000:],
+    )
+    eventually(lambda: _status(cluster, name).get("verdict") == "Healthy", what="Healthy")
+    return pod, node, state
+
+
+def test_operator_from_the_chart_is_ready_on_a_real_node_under_restricted(
+    trainguard: Trainguard,
+) -> None:
+    cluster = trainguard.cluster
+    pods = _kubectl_json(cluster, "get", "pods", "-n", RELEASE_NAMESPACE)["items"]
+    (operator,) = pods
+    assert operator["spec"]["nodeName"] in {n.name for n in cluster.real_nodes.nodes()}
+    ready = {c["type"]: c["status"] for c in operator["status"]["conditions"]}
+    assert ready["Ready"] == "True", operator["status"]
+    (container,) = operator["spec"]["containers"]
+    assert container["image"] == trainguard.operator_image.ref
+    assert operator["spec"]["serviceAccountName"].startswith("trainguard")
+    # Pod Security admission enforces `restricted` there: a privileged pod is refused.
+    privileged = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "privileged", "namespace": RUNS_NAMESPACE},
+        "spec": {
+            "containers": [{
+                "name": "main", "image": trainguard.real.image, "imagePullPolicy": "Never",
+                "command": ["sleep", "1"], "securityContext": {"privileged": True},
+            }],
+        },
+    }  # fmt: skip
+    refused = cluster.kubectl("create", "-f", "-", input=json.dumps(privileged), check=False)
+    assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
+
+
+def test_silent_death_is_dead_restarted_in_place_and_resumed_from_l1(
+    trainguard: Trainguard, shards_claim: str, run_name: str
+) -> None:
+    cluster = trainguard.cluster
+    spec = {"monitor": {"startupGraceSeconds": 5}}
+    pod, _node, state = _training(trainguard, run_name, shards_claim, spec)
+    before = _beat(state)
+    assert before is not None
+    killed_at = time.monotonic()
+    # SIGKILL from inside the trainer container (its own user), as an OOM kill or crash would.
+    _exec(cluster, pod["metadata"]["name"], "trainer", f"import os; os.kill({before['pid']}, 9)")
+
+    status = eventually(
+        lambda: (s := _status(cluster, run_name)).get("verdict") == "Dead" and s,
+        timeout=30,
+        what="Dead in the run's status",
+    )
+    detect_s = time.monotonic() - killed_at
+    assert status["lastFailure"]["cause"] == "Dead"
+
+    def resumed() -> dict[str, Any] | None:
+        beat = _beat(state)
+        moved = beat and beat["pid"] != before["pid"] and (beat.get("step") or 0) > before["step"]
+        return beat if moved else None
+
+    after = eventually(resumed, timeout=120, what="training again after the restart")
+    assert [p["metadata"]["name"] for p in _pods(cluster, run_name)] == [pod["metadata"]["name"]]
+    restore = read_json(state / "supervisor.json") or {}
+    assert restore["restarts"] >= 1
+    assert before["step"] - before["last_checkpoint_step"] <= EVERY_STEPS
+    assert after["step"] > before["step"]
+    assert _status(cluster, run_name)["restarts"] >= 1
+    print(f"silent death on a real node: Dead in the status after {detect_s:.1f} s")
+
+
+def test_hang_is_dumped_then_killed_across_users_and_restarted_in_place(
+    trainguard: Trainguard, shards_claim: str, run_name: str
+) -> None:
+    cluster = trainguard.cluster
+    hang_after = 6
+    spec = {
+        "monitor": {
+            "startupGraceSeconds": 5,
+            "hangAfterSeconds": hang_after,
+            "intervalSeconds": 1,
+        }
+    }
+    pod, _node, state = _training(trainguard, run_name, shards_claim, spec)
+    before = _beat(state)
+    assert before is not None
+    pid = before["pid"]
+    # The trainer stops (SIGSTOP): alive, holding its memory, no step advances.
+    _exec(cluster, pod["metadata"]["name"], "trainer", f"import os; os.kill({pid}, 19)")
+
+    def restarted() -> dict[str, Any] | None:
+        beat = _beat(state)
+        return (
+            beat
+            if beat and beat["pid"] != pid and (beat.get("step") or 0) > before["step"]
+            else None
+        )
+
+    eventually(restarted, timeout=120, what="a new trainer after the hang")
+    supervisor = read_json(state / "supervisor.json") or {}
+    assert supervisor["last_kill"]["pid"] == pid and supervisor["last_kill"]["dumped"]
+    ended = next(h for h in supervisor["history"] if h["pid"] == pid)
+    assert ended["signal"] == "SIGKILL", ended
+    events = _events(cluster, run_name)
+    reasons = {e["reason"] for e in events}
+    assert {"VerdictHung", "HungTrainerStacks"} <= reasons, reasons
+    assert "HungTrainerNotKilled" not in reasons
+    stacks = next(e["message"] for e in events if e["reason"] == "HungTrainerStacks")
+    assert "trainguard_harness" in stacks, stacks
+    status = _status(cluster, run_name)
+    assert status["lastFailure"]["cause"] == "Hung"
+    assert [p["metadata"]["name"] for p in _pods(cluster, run_name)] == [pod["metadata"]["name"]]
+
+
+def test_each_container_runs_as_its_image_user_and_reads_only_what_it_must(
+    trainguard: Trainguard, shards_claim: str, run_name: str, real_s3: SeaweedFS
+) -> None:
+    cluster = trainguard.cluster
+    bucket = f"tg-{uuid.uuid4().hex[:12]}"
+    real_s3.client().create_bucket(Bucket=bucket)
+    _apply(cluster, _s3_secret(real_s3))
+    layer = {
+        "name": "s3",
+        "uri": f"s3://{bucket}/{run_name}",
+        "credentialsSecret": {"name": SECRET},
+    }
+    spec = {"monitor": {"startupGraceSeconds": 5}, "checkpoints": {"remote": [layer]}}
+    pod, _node, _state_dir = _training(trainguard, run_name, shards_claim, spec)
+    # The agent read its credentials (as 65532, through the pod's group): it shipped to S3.
+    eventually(
+        lambda: any(
+            c["layer"] == "s3" and c.get("verified")
+            for c in _status(cluster, run_name).get("checkpoints", [])
+        ),
+        timeout=120,
+        what="a checkpoint verified on the S3 layer",
+    )
+    probe = (
+        "import os, pathlib, json\n"
+        "def can(p):\n"
+        "    try:\n"
+        "        return len(pathlib.Path(p).read_bytes())\n"
+        "    except (PermissionError, FileNotFoundError) as e:\n"
+        "        return type(e).__name__\n"
+        f"l1 = pathlib.Path(os.environ['{env.L1_DIR}'])\n"
+        "ckpt = sorted(p for p in l1.iterdir() if p.name.startswith('step-'))[-1]\n"
+        "print(json.dumps({'uid': os.getuid(), 'groups': sorted(os.getgroups()),\n"
+        f"  'secret': can('{CREDENTIALS_DIR}/s3/{SECRET_KEY_S3_SECRET_ACCESS_KEY}'),\n"
+        f"  'manifest': can(ckpt / '{MANIFEST_FILENAME}')}}))\n"
+    )
+    name = pod["metadata"]["name"]
+    agent = json.loads(_exec(cluster, name, "agent", probe))
+    trainer = json.loads(_exec(cluster, name, "trainer", probe))
+    assert agent["uid"] == 65532 and trainer["uid"] == 10001, (agent, trainer)
+    assert POD_FS_GROUP in trainer["groups"]  # the pod's fsGroup: the shared volumes
+    assert agent["secret"] == len(S3_SECRET_KEY)  # its credentials, through the group
+    assert trainer["secret"] == "FileNotFoundError"  # never mounted into the trainer
+    assert isinstance(agent["manifest"], int) and isinstance(trainer["manifest"], int)
+
+
+def _s3_secret(server: SeaweedFS) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": SECRET, "namespace": RUNS_NAMESPACE},
+        "stringData": {
+            SECRET_KEY_S3_ACCESS_KEY_ID: S3_ACCESS_KEY,
+            SECRET_KEY_S3_SECRET_ACCESS_KEY: S3_SECRET_KEY,
+            SECRET_KEY_S3_ENDPOINT_URL: server.endpoint,
+        },
+    }
+
+
+# ----- the run leaves its node: ghost VRAM, node loss; and suspend ------------------------
+
+
+def _s3_run_spec(bucket: str, run_name: str, **layer: Any) -> dict[str, Any]:
+    return {
+        "checkpoints": {
+            "flushTimeoutSeconds": 10,
+            "remote": [
+                {
+                    "name": "s3",
+                    "uri": f"s3://{bucket}/{run_name}",
+                    "credentialsSecret": {"name": SECRET},
+                    **layer,
+                }
+            ],
+        },
+        "monitor": {"startupGraceSeconds": 5, "ghostMemory": {"releaseTimeoutSeconds": 3}},
+        "recovery": {"backoff": {"initialSeconds": 1, "maxSeconds": 10}},
+    }
+
+
+def _bucket(server: SeaweedFS, cluster: Cluster) -> str:
+    bucket = f"tg-{uuid.uuid4().hex[:12]}"
+    server.client().create_bucket(Bucket=bucket)
+    _apply(cluster, _s3_secret(server))
+    return bucket
+
+
+def _shipped(cluster: Cluster, run_name: str) -> int | None:
+    layers = {c["layer"]: c for c in _status(cluster, run_name).get("checkpoints", [])}
+    s3 = layers.get("s3", {})
+    return s3.get("step") if s3.get("verified") and s3.get("step") else None
+
+
+def _s3_steps(server: SeaweedFS, bucket: str, run_name: str) -> set[int]:
+    """Steps with a manifest in the bucket (complete checkpoints)."""
+    listed = server.client().list_objects_v2(Bucket=bucket, Prefix=f"{run_name}/")
+    steps = set()
+    for item in listed.get("Contents", []):
+        parts = item["Key"].split("/")
+        if parts[-1] == MANIFEST_FILENAME:
+            step = next((parse_step_dirname(p) for p in parts if parse_step_dirname(p)), None)
+            if step is not None:
+                steps.add(step)
+    return steps
+
+
+def _taint(cluster: Cluster, node: str) -> str | None:
+    spec = _kubectl_json(cluster, "get", "node", node)["spec"]
+    ours = [t for t in spec.get("taints") or [] if t["key"] == TAINT_UNHEALTHY]
+    return ours[0]["value"] if ours else None
+
+
+def _untaint(cluster: Cluster, node: str) -> None:
+    cluster.kubectl("taint", "node", node, f"{TAINT_UNHEALTHY}-", check=False)
+
+
+def _moved_and_restored(
+    trainguard: Trainguard, run_name: str, node_a: str, shipped: int
+) -> tuple[str, dict[str, Any]]:
+    """Attempt 2 on another real node, restored from S3 at or past `shipped`, training on."""
+    cluster = trainguard.cluster
+    second = eventually(
+        lambda: _bound(cluster, run_name, 2), timeout=120, what="attempt 2 bound to a node"
+    )
+    node_b = second["spec"]["nodeName"]
+    assert node_b != node_a
+    cluster.real_nodes.node(node_b)  # a real node
+    state_b = _state(trainguard, second)
+    restored = eventually(
+        lambda: read_json(state_b / RESTORE_FILENAME), timeout=120, what="attempt 2 restored"
+    )
+    assert restored["from_layer"] == "s3", restored
+    assert restored["step"] >= shipped, (restored, shipped)
+    eventually(
+        lambda: (_beat(state_b) or {}).get("step", 0) > restored["step"],
+        timeout=180,
+        what="training on the new node past the restored step",
+    )
+    return node_b, restored
+
+
+def test_ghost_vram_taints_the_node_and_the_run_moves_restoring_from_s3(
+    trainguard: Trainguard, shards_claim: str, run_name: str, real_s3: SeaweedFS
+) -> None:
+    cluster = trainguard.cluster
+    bucket = _bucket(real_s3, cluster)
+    pod, node, state = _training(trainguard, run_name, shards_claim, _s3_run_spec(bucket, run_name))
+    node_a = node.name
+    try:
+        shipped = eventually(
+            lambda: _shipped(cluster, run_name), timeout=180, what="a checkpoint verified on S3"
+        )
+        before = _beat(state)
+        assert before is not None
+        # The node's (simulated) GPU keeps memory no process accounts for, and the trainer dies.
+        node.gpusim_state.write_text(json.dumps({"ghost_mib": GHOST_MIB}))
+        _exec(
+            cluster, pod["metadata"]["name"], "trainer", f"import os; os.kill({before['pid']}, 9)"
+        )
+        cause = eventually(lambda: _taint(cluster, node_a), timeout=90, what=f"{node_a} tainted")
+        assert cause == Reason.GPU_MEMORY_NOT_RELEASED.value, cause
+        status = _status(cluster, run_name)
+        assert {e["node"]: e["reason"] for e in status["excludedNodes"]} == {node_a: cause}
+        assert status["lastFailure"]["cause"] == cause
+        node_b, restored = _moved_and_restored(trainguard, run_name, node_a, shipped)
+        placed = {p["spec"].get("nodeName") for p in _pods(cluster, run_name)}
+        assert node_a not in placed - {pod["spec"]["nodeName"]}
+        print(f"ghost VRAM on {node_a}: moved to {node_b}, restored step {restored['step']}")
+    finally:
+        node.gpusim_state.write_text("{}")
+        _untaint(cluster, node_a)
+
+
+def test_node_loss_moves_the_run_and_restores_from_s3(
+    trainguard: Trainguard, shards_claim: str, run_name: str, real_s3: SeaweedFS
+) -> None:
+    cluster = trainguard.cluster
+    bucket = _bucket(real_s3, cluster)
+    lost = realnode.node_name(1)  # not the operator's node
+    assert lost != OPERATOR_NODE
+    # Attempt 1 goes to the node that will be lost: the other one is cordoned meanwhile.
+    cluster.kubectl("cordon", OPERATOR_NODE)
+    try:
+        _pod, node, _state_a = _training(
+            trainguard, run_name, shards_claim, _s3_run_spec(bucket, run_name)
+        )
+    finally:
+        cluster.kubectl("uncordon", OPERATOR_NODE)
+    assert node.name == lost
+    try:
+        shipped = eventually(
+            lambda: _shipped(cluster, run_name), timeout=180, what="a checkpoint verified on S3"
+        )
+        lost_at = time.monotonic()
+        cluster.real_nodes.stop_node(lost)  # kubelet, kube-proxy, runtime and containers
+        cause = eventually(lambda: _taint(cluster, lost), timeout=180, what=f"{lost} tainted")
+        assert cause == Reason.NODE_LOST.value, cause
+        node_b, restored = _moved_and_restored(trainguard, run_name, lost, shipped)
+        print(
+            f"node loss: {lost} tainted after {time.monotonic() - lost_at:.0f} s; "
+            f"run moved to {node_b}, restored step {restored['step']}"
+        )
+    finally:
+        trainguard.real.up()  # the lost node back, for what runs next
+        _untaint(cluster, lost)
+
+
+def test_suspend_ships_the_newest_l1_checkpoint_before_the_pod_is_gone(
+    trainguard: Trainguard, shards_claim: str, run_name: str, real_s3: SeaweedFS
+) -> None:
+    cluster = trainguard.cluster
+    bucket = _bucket(real_s3, cluster)
+    # The layer ships rarely, so the newest L1 checkpoint reaches S3 only by the flush on stop.
+    spec = _s3_run_spec(bucket, run_name, everySteps=100_000)
+    _pod, _node, state = _training(trainguard, run_name, shards_claim, spec)
+    first = eventually(
+        lambda: _shipped(cluster, run_name), timeout=180, what="the first checkpoint on S3"
+    )
+    eventually(
+        lambda: (_beat(state) or {}).get("last_checkpoint_step", 0) > first,
+        timeout=120,
+        what="a newer checkpoint in L1 only",
+    )
+    cluster.kubectl(
+        "patch", "trainingrun", run_name, "-n", RUNS_NAMESPACE, "--type=merge",
+        "-p", json.dumps({"spec": {"suspend": True}}),
+    )  # fmt: skip
+    newest = 0
+
+    def gone() -> bool:
+        nonlocal newest
+        beat = _beat(state)
+        if beat:
+            newest = max(newest, beat.get("last_checkpoint_step") or 0)
+        return not _pods(cluster, run_name)
+
+    eventually(gone, timeout=120, what="the pod gone after suspend")
+    assert newest > first
+    on_s3 = _s3_steps(real_s3, bucket, run_name)
+    assert max(on_s3) >= newest, (sorted(on_s3), newest)
+    eventually(
+        lambda: _status(cluster, run_name).get("phase") == "Suspended", what="Suspended phase"
+    )
