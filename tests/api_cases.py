@@ -272,8 +272,15 @@ CASES: tuple[Case, ...] = (
         "file-with-credentials",
         f"{R1}.credentialsSecret",
         (f"{R1}.uri", "file:///mnt/backup"),
+        (f"{R1}.claimName", "backup"),
         (f"{R1}.credentialsSecret", {"name": "x"}),
         says="file:// layers take no credentialsSecret",
+    ),
+    case(
+        "file-without-claim",
+        f"{R1}.claimName",
+        (f"{R1}.uri", "file:///mnt/backup"),
+        says="a file:// layer needs claimName",
     ),
     case(
         "claim-on-s3",
@@ -311,12 +318,14 @@ CASES: tuple[Case, ...] = (
         "file-uri-relative",
         f"{R1}.uri",
         (f"{R1}.uri", "file://mnt/backup"),
+        (f"{R1}.claimName", "backup"),
         says="a file:// URI needs an absolute path",
     ),
     case(
         "file-uri-dot-dot",
         f"{R1}.uri",
         (f"{R1}.uri", "file:///mnt/../etc"),
+        (f"{R1}.claimName", "backup"),
         says="must not contain '.' or '..'",
     ),
     case(

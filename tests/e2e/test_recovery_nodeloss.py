@@ -1,8 +1,8 @@
 """Node loss, end to end: the node of a run vanishes; the run moves to another node.
 
-The run ships each verified checkpoint to a `file://` remote layer (a directory both
-process-backed nodes reach, as network storage). Its node A goes away (the procnode
-`down` control file: every process on it dies at once and its heartbeats stop), so the
+The run ships each verified checkpoint to a `file://` remote layer on a PVC that both
+process-backed nodes reach, as network storage (`shared_claim`). Its node A goes away (the
+procnode `down` control file: every process on it dies at once and its heartbeats stop), so the
 agent stops renewing the run's Lease, and after the cluster's node-monitor grace period
 the controller-manager marks A NotReady. Lease expired with the node NotReady: the
 operator taints A, lists it in `status.excludedNodes`, force-deletes the pod that no
@@ -14,6 +14,7 @@ goes on there from that step.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from recovery_helpers import bound_pod, status_of
 from trainguard.api.constants import TAINT_UNHEALTHY
 from trainguard.contract.files import read_json
 from trainguard_dev.cluster.cluster import NODE_MONITOR_GRACE, Cluster
+from trainguard_dev.cluster.procnode import claim_dir, shared_claim
 from trainguard_dev.testing.pods import checkpointed, heartbeat, state_dir
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import OperatorProcess
@@ -36,6 +38,7 @@ EVERY_STEPS = 20
 LEASE_S = 5
 # NotReady comes at most one node heartbeat after the grace period; then a resync cycle.
 NOT_READY_BOUND_S = int(NODE_MONITOR_GRACE.rstrip("s")) + 30
+BACKUP_CLAIM = "backup"
 
 
 def _shipped(remote: Path) -> int | None:
@@ -54,6 +57,17 @@ def _ready(cluster: Cluster, node: str) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
+@pytest.fixture
+def remote(cluster: Cluster, namespace: str) -> Iterator[Path]:
+    """The remote layer's PVC, bound to a volume both nodes reach; yields its directory here."""
+    volume, pvc = shared_claim(cluster.root, namespace, BACKUP_CLAIM)
+    apply(cluster, namespace, volume, pvc)
+    try:
+        yield claim_dir(cluster.root, namespace, BACKUP_CLAIM)
+    finally:
+        cluster.kubectl("delete", "pv", volume["metadata"]["name"], "--wait=false", check=False)
+
+
 @pytest.mark.parametrize("operator", ["chart-rbac"], indirect=True)
 def test_a_lost_node_moves_the_run_to_another_node_restored_from_the_remote_layer(
     cluster: Cluster,
@@ -61,19 +75,22 @@ def test_a_lost_node_moves_the_run_to_another_node_restored_from_the_remote_laye
     operator: OperatorProcess,
     tmp_path: Path,
     process_nodes: list[str],
+    remote: Path,
 ) -> None:
     assert len(process_nodes) >= 2, process_nodes
     shards = make_shards(tmp_path / "shards")
-    remote = tmp_path / "remote"
-    remote.mkdir()
+    layer = {
+        "name": "backup",
+        "uri": "file:///backup",
+        "claimName": BACKUP_CLAIM,
+        "contents": "full",
+    }
     run = reference_run(
         "lost",
         shards,
         EVERY_STEPS,
         {
-            "checkpoints": {
-                "remote": [{"name": "backup", "uri": f"file://{remote}", "contents": "full"}],
-            },
+            "checkpoints": {"remote": [layer]},
             "monitor": {"startupGraceSeconds": 5, "leaseDurationSeconds": LEASE_S},
             "recovery": {"backoff": {"initialSeconds": 1, "maxSeconds": 2}},
         },

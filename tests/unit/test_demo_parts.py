@@ -11,6 +11,7 @@ import yaml
 
 from trainguard.api import TrainingRun
 from trainguard_dev.cluster.cluster import default_home, ensure_binaries
+from trainguard_dev.cluster.procnode import claim_dir, network_volume_dir, shared_claim
 from trainguard_dev.demo import env as demo_env
 from trainguard_dev.demo.main import evidence_reason, summary_table
 from trainguard_dev.demo.watch import Checkpoints, progress_line
@@ -25,17 +26,32 @@ def test_the_checked_in_demo_run_is_valid_and_says_what_the_demo_changes() -> No
     run = TrainingRun.model_validate(yaml.safe_load(text))
     assert run.spec.data is not None and str(run.spec.data.source.uri).startswith("file://")
     (layer,) = run.spec.checkpoints.remote
-    assert layer.uri.startswith("file://")
-    assert "trainguard demo` writes its own paths" in text
+    assert layer.uri.startswith("file://") and layer.claim_name == demo_env.backup_claim()
+    assert "trainguard demo` writes its own path" in text
+    assert f"creates the PVC `{layer.claim_name}`" in text
 
 
-def test_the_demo_run_gets_the_demos_paths_and_stays_valid(tmp_path: Path) -> None:
-    shards, remote = tmp_path / "shards", tmp_path / "remote"
-    manifest = demo_env.demo_run("demo-x", shards, remote)
+def test_the_demo_run_gets_the_demos_data_and_stays_valid(tmp_path: Path) -> None:
+    shards = tmp_path / "shards"
+    manifest = demo_env.demo_run("demo-x", shards)
     run = TrainingRun.model_validate(manifest)
     assert run.metadata.name == "demo-x"
     assert run.spec.data is not None and str(run.spec.data.source.uri) == f"file://{shards}"
-    assert run.spec.checkpoints.remote[0].uri == f"file://{remote}"
+    (layer,) = run.spec.checkpoints.remote
+    assert layer.claim_name == demo_env.backup_claim()
+
+
+def test_the_backup_claim_is_kept_where_process_nodes_serve_it(tmp_path: Path) -> None:
+    claim = demo_env.backup_claim()
+    volume, pvc = shared_claim(tmp_path, "ns", claim)
+    directory = claim_dir(tmp_path, "ns", claim)
+    assert directory == tmp_path / "network-volumes" / f"ns-{claim}"
+    # Bound to its own PV, which a process node serves from the claim's directory.
+    assert pvc["metadata"] == {"name": claim, "namespace": "ns"}
+    assert pvc["spec"]["volumeName"] == volume["metadata"]["name"]
+    assert volume["spec"]["claimRef"] == {"namespace": "ns", "name": claim}
+    assert network_volume_dir(tmp_path, volume["metadata"]["name"]) == directory
+    assert volume["spec"]["hostPath"]["path"] == str(directory)
 
 
 def test_the_operator_identity_is_the_charts_rbac_for_the_demo_namespace() -> None:

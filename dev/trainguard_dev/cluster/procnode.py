@@ -18,8 +18,9 @@ How a container is mapped onto a process (the images are not used):
   image's programs are installed there);
 - every volume is a directory: ``emptyDir`` under the pod's directory, a PVC bound to a
   ``local`` PV under the node's directory (it survives the pod, as on a real node), any other
-  PV under a directory shared by all nodes (as network storage is); secrets and config maps
-  are written out as files;
+  PV under a directory shared by all nodes (as network storage is: `network_volume_dir`;
+  `shared_claim` makes such a claim, kept in `claim_dir`); secrets and config maps are
+  written out as files;
 - a mount path at the start of an env value, an argument or the working dir is rewritten to
   the volume's directory (processes share this machine's file system, not a mount namespace);
 - the service-account credentials become a kubeconfig (``KUBECONFIG``) holding a token from
@@ -78,8 +79,58 @@ POLL_SECONDS = 0.3
 MAX_GRACE_SECONDS = 5.0
 DEFAULT_KEY_MODE = 0o644
 MAX_BACKOFF_SECONDS = 8.0
+NETWORK_VOLUMES_DIRNAME = "network-volumes"
+SHARED_CLAIM_SIZE = "1Gi"
 SA_TOKEN_SECONDS = 3600
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def network_volume_dir(cluster_root: Path, volume: str) -> Path:
+    """The directory every process node serves the PV `volume` from (any PV but a local one)."""
+    return cluster_root / NETWORK_VOLUMES_DIRNAME / volume
+
+
+def claim_dir(cluster_root: Path, namespace: str, claim: str) -> Path:
+    """The directory of the claim `namespace/claim` if `shared_claim` made it (or it is unbound)."""
+    return network_volume_dir(cluster_root, f"{namespace}-{claim}")
+
+
+def shared_claim(
+    cluster_root: Path, namespace: str, claim: str, size: str = SHARED_CLAIM_SIZE
+) -> list[dict[str, Any]]:
+    """A PVC `claim` and the PV it is bound to, kept in `claim_dir` by every process node.
+
+    Storage that outlives a node, as a network volume does. The PV comes with the claim
+    because the scheduler places no pod whose claim is unbound (this cluster has no
+    provisioner); it is a ``hostPath`` naming that directory, the volume's home on this
+    machine.
+    """
+    capacity = {"storage": size}
+    directory = claim_dir(cluster_root, namespace, claim)
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": directory.name},
+        "spec": {
+            "capacity": capacity,
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "claimRef": {"namespace": namespace, "name": claim},
+            "hostPath": {"path": str(directory), "type": "DirectoryOrCreate"},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": directory.name,
+            "resources": {"requests": capacity},
+        },
+    }
+    return [volume, pvc]
 
 
 def _now() -> str:
@@ -383,11 +434,11 @@ class NodeRuntime:
         pvc = self.rest.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
         pv_name = str(pvc.get("spec", {}).get("volumeName", ""))
         if not pv_name:
-            return self.root.parent / "network-volumes" / f"{namespace}-{claim}"
+            return claim_dir(self.root.parent, namespace, claim)
         pv = self.rest.get(f"/api/v1/persistentvolumes/{pv_name}")
         if "local" in pv.get("spec", {}):
             return self.node_dir(node) / "local-volumes" / pv_name
-        return self.root.parent / "network-volumes" / pv_name
+        return network_volume_dir(self.root.parent, pv_name)
 
     def _write_keys(self, path: Path, kind: str, namespace: str, name: str, mode: int) -> None:
         # As a kubelet does: one file per key, with the volume's defaultMode (0644 if unset).

@@ -3,9 +3,9 @@
 The generated CRD; the operator's identity exactly as the Helm chart grants it (the chart's
 ServiceAccount and RBAC, rendered by the pinned helm and applied, and a kubeconfig holding
 only that ServiceAccount's token); the operator as a local process watching the demo's
-namespace; and the run itself, from ``examples/demo.yaml`` with the demo's own paths: its
-data (synthetic token shards) and a directory standing for its remote layer. The operator
-process, the shards and the run's manifest are built by `trainguard_dev.testing`.
+namespace; the PVC its remote layer names, a volume every process node reaches; and the run
+itself, from ``examples/demo.yaml`` with the demo's own data (synthetic token shards). The
+operator process, the shards and the run's manifest are built by `trainguard_dev.testing`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import yaml
 from trainguard.api.constants import CRD_NAME
 from trainguard_dev import crdgen
 from trainguard_dev.cluster.cluster import Cluster, ClusterError
+from trainguard_dev.cluster.procnode import claim_dir, shared_claim
 from trainguard_dev.testing.processes import OperatorProcess
 from trainguard_dev.testing.runs import example_run, file_data
 
@@ -35,6 +36,7 @@ RESYNC_SECONDS = 3
 # Procnode ignores images; the agent and init steps run from this installation.
 AGENT_IMAGE = "trainguard:demo"
 HELM_TIMEOUT_SECONDS = 120
+CLAIM_BOUND_TIMEOUT = "60s"
 
 
 def source_tree() -> Path:
@@ -129,9 +131,28 @@ def operator_process(kubeconfig: Path, namespace: str, log_path: Path) -> Operat
     )
 
 
-def demo_run(name: str, shards: Path, remote: Path) -> Obj:
-    """examples/demo.yaml with the demo's run name, data source and remote layer."""
-    run = example_run("demo", name, {"data": file_data(shards)})
-    (layer,) = run["spec"]["checkpoints"]["remote"]
-    layer["uri"] = f"file://{remote}"
-    return run
+def demo_run(name: str, shards: Path) -> Obj:
+    """examples/demo.yaml with the demo's run name and data source."""
+    return example_run("demo", name, {"data": file_data(shards)})
+
+
+def backup_claim() -> str:
+    """The PVC of examples/demo.yaml's remote layer, which the demo creates."""
+    (layer,) = example_run("demo")["spec"]["checkpoints"]["remote"]
+    return str(layer["claimName"])
+
+
+def backup_dir(cluster: Cluster, namespace: str) -> Path:
+    """Where the process nodes keep the remote layer's volume: the demo's "remote storage"."""
+    return claim_dir(cluster.root, namespace, backup_claim())
+
+
+def create_backup_claim(cluster: Cluster, namespace: str) -> None:
+    """Create the remote layer's PVC, bound to a volume every node reaches, and wait for it."""
+    claim = backup_claim()
+    objects = shared_claim(cluster.root, namespace, claim)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
+    cluster.kubectl(
+        "wait", "--for=jsonpath={.status.phase}=Bound", f"pvc/{claim}", "-n", namespace,
+        f"--timeout={CLAIM_BOUND_TIMEOUT}", timeout=90,
+    )  # fmt: skip

@@ -155,16 +155,16 @@ class Demo:
             f"{demo_env.OPERATOR_NAMESPACE}/{account}); log: {self.operator.log_path}"
         )
         shards = make_shards(self.workdir / "shards")
-        remote = self.workdir / "remote"
-        remote.mkdir(exist_ok=True)
-        run = demo_env.demo_run(RUN, shards, remote)
+        demo_env.create_backup_claim(self.cluster, NAMESPACE)
+        run = demo_env.demo_run(RUN, shards)
         self.every_steps = int(run["spec"]["checkpoints"]["everySteps"])
         self.cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(run))
         self.run_applied = True
         say(
             f"TrainingRun {NAMESPACE}/{RUN} applied (examples/demo.yaml): tiny GPT on CPU, "
             f"checkpoint every {self.every_steps} steps to L1, shipped to layer 'backup' "
-            f"(file://{remote})"
+            f"(PVC {demo_env.backup_claim()}, kept in "
+            f"{demo_env.backup_dir(self.cluster, NAMESPACE)})"
         )
 
     def _fresh_stage(self) -> None:
@@ -175,7 +175,7 @@ class Demo:
         )  # fmt: skip
         self._wait(lambda: not self._obs().pods(), 60.0, "pods of an earlier demo run to go")
         # The remote layer starts empty: the ghost recovery must restore what this run shipped.
-        shutil.rmtree(self.workdir / "remote", ignore_errors=True)
+        shutil.rmtree(demo_env.backup_dir(self.cluster, NAMESPACE), ignore_errors=True)
         nodes = [process_node_name(i) for i in range(PROCESS_NODES)]
         for node in nodes:
             control = self.cluster.root / "procnodes" / node

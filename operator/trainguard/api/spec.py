@@ -352,6 +352,15 @@ class RemoteLayer(KubeModel):
             field="credentialsSecret",
         ),
         ObjectRule(
+            cel=f"!self.uri.startsWith('{FILE_URI_PREFIX}') || has(self.claimName)",
+            message=(
+                "a file:// layer needs claimName, the PVC mounted at its path: without one the "
+                "path is inside the agent's container and is lost with the pod"
+            ),
+            check=lambda s: not s.uri.startswith(FILE_URI_PREFIX) or s.claim_name is not None,
+            field="claimName",
+        ),
+        ObjectRule(
             cel=f"!has(self.claimName) || self.uri.startsWith('{FILE_URI_PREFIX}')",
             message="claimName is only for file:// layers",
             check=lambda s: s.claim_name is None or s.uri.startswith(FILE_URI_PREFIX),
@@ -364,7 +373,7 @@ class RemoteLayer(KubeModel):
     )
     uri: Uri = Field(
         description=(
-            "Destination: file:///path (a backup volume, see claimName), "
+            "Destination: file:///path (the path where claimName is mounted), "
             "s3://bucket/prefix, hf://owner/repo (Hugging Face Hub, weights only) or "
             "ssh://[user@]host[:port]/path."
         )
@@ -399,8 +408,10 @@ class RemoteLayer(KubeModel):
     claim_name: DnsSubdomain | None = Field(
         default=None,
         description=(
-            "file:// only: PVC mounted into the agent (never the trainer) at the URI's path, "
-            "e.g. a network volume used as a backup destination."
+            "PVC mounted into the agent and the restore step (never the trainer) at the URI's "
+            "path, e.g. a network volume used as a backup destination. Required for file:// "
+            "layers (without it the path would be inside the agent's container, lost with the "
+            "pod); only for them."
         ),
     )
 

@@ -7,9 +7,9 @@ put is verified against the remote copy before the layer reports it. Backends by
 shared contract of `base`) and plug in through `open_layer`, which imports only the one in use.
 The agent ships through these layers and the `restore` init step reads from them.
 
-Where the destination directory of a `file://` layer is mounted is given to the agent by the
-pod contract (`trainguard.contract.env.layer_path_env`); without it the URI's path is used as
-is.
+Where the destination directory of a `file://` layer (its claim, which the API requires) is
+mounted is given to the agent by the pod contract (`trainguard.contract.env.layer_path_env`);
+without it (outside a pod) the URI's path is used as is.
 
 Credentials come only from the layer's Secret (`credentialsSecret` in the spec). The operator
 mounts it read-only into the agent and the restore step, one file per key (the key names are
