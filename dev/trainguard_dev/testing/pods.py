@@ -49,6 +49,6 @@ def real_state_dir(kubelet_root: Path, pod: Mapping[str, Any]) -> Path:
     The kubelet keeps an emptyDir at ``<root-dir>/pods/<uid>/volumes/kubernetes.io~empty-dir/
     <name>`` (a tmpfs mount for ``medium: Memory``), in the host's mount namespace.
     """
-    uid = pod["metadata"]["uid"]
+    uid = str(pod["metadata"]["uid"])
     volumes = kubelet_root / "pods" / uid / "volumes"
     return volumes / "kubernetes.io~empty-dir" / STATE_VOLUME

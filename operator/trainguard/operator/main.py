@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
     import trainguard.operator.metrics  # noqa: F401
 
     kopf.run(
-        identity=identity(),
+        identity=kopf.Identity(identity()),
         standalone=True,
         clusterwide=args.all_namespaces,
         namespaces=args.namespace or (),
