@@ -92,7 +92,7 @@ def main(argv: list[str]) -> int:
     import trainguard.operator.metrics  # noqa: F401
 
     kopf.run(
-        identity=kopf.Identity(identity()),
+        identity=identity(),  # type: ignore[arg-type]  # kopf's Identity is a NewType of str
         standalone=True,
         clusterwide=args.all_namespaces,
         namespaces=args.namespace or (),
