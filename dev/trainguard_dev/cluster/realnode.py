@@ -52,6 +52,8 @@ NODE_PREFIX = "real-node-"
 SERVICE_CIDR = "10.96.0.0/16"  # the control plane's --service-cluster-ip-range
 NODE_KIND_LABEL = "trainguard.dev/node-kind"
 NODE_KIND_REAL = "real"
+# Where every registry points on a real node: nothing listens there (see the containerd config).
+CLOSED_REGISTRY = "http://127.0.0.1:9"
 NAMESPACE = "k8s.io"  # the containerd namespace of the CRI plugin
 PAUSE_REF_BASE = "localhost/trainguard/pause"
 BUSYBOX_REF_BASE = "localhost/trainguard/busybox"
@@ -564,6 +566,14 @@ class RealNodes:
         c = node.root / "containerd"
         cri = "io.containerd.cri.v1.runtime"
         (c / "tmp").mkdir(exist_ok=True)
+        # A pull of an image that is not in the node fails at once (ErrImagePull), and no
+        # name lookup or connection leaves the machine.
+        default_registry = c / "certs.d" / "_default"
+        default_registry.mkdir(parents=True, exist_ok=True)
+        (default_registry / "hosts.toml").write_text(
+            f'server = "{CLOSED_REGISTRY}"\n\n[host."{CLOSED_REGISTRY}"]\n'
+            '  capabilities = ["pull", "resolve"]\n'
+        )
         (c / "config.toml").write_text(f"""version = 3
 root = "{c / "root"}"
 state = "{c / "state"}"
@@ -581,6 +591,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{pause_ref}"
+  # Images come from local archives only: every registry is a closed loopback port.
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{c / "certs.d"}"
 
 [plugins."{cri}"]
   enable_selinux = false
