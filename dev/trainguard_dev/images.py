@@ -29,7 +29,6 @@ import argparse
 import fcntl
 import fnmatch
 import hashlib
-import inspect
 import json
 import os
 import re
@@ -50,6 +49,7 @@ BIN = CACHE / "bin"
 
 REGISTRY = "trainguard.local"
 BUILDKIT_VERSION = "v0.34.2"  # hack/build-buildkit.sh builds it and checks its module's pin
+BUILDKIT_KEEP_MB = 10_000
 DEBIAN_SUITE = "bookworm"
 DEBIAN_SOURCES = (
     "deb http://deb.debian.org/debian bookworm main",
@@ -72,6 +72,12 @@ VENV = "/opt/venv"
 BASE_ENV = (
     f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "LANG=C.UTF-8",
+)
+BASE_CMD = "python3"
+# Run in the new root filesystem ($1) once Debian's packages are in, the added CAs with them.
+CUSTOMIZE_HOOKS = (
+    'chroot "$1" update-ca-certificates >/dev/null 2>&1',
+    f'chroot "$1" python3 -m venv {VENV}',
 )
 LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 TORCH_DOCKERFILE = REPO / "hack" / "images" / "torch-base.Dockerfile"
@@ -215,9 +221,9 @@ def _local_cas() -> list[Path]:
 
 
 def python_base_key() -> str:
-    """The Python base's key: its recipe (the code and constants) and the CAs it trusts."""
-    recipe = [DEBIAN_SUITE, *DEBIAN_SOURCES, *DEBIAN_PACKAGES, *DPKG_OPTIONS, VENV, *BASE_ENV]
-    recipe.append(inspect.getsource(build_python_base))
+    """The Python base's key: its recipe (the constants above) and the CAs it trusts."""
+    recipe = [DEBIAN_SUITE, *DEBIAN_SOURCES, *DEBIAN_PACKAGES, *DPKG_OPTIONS, *CUSTOMIZE_HOOKS]
+    recipe += [*BASE_ENV, BASE_CMD]
     cas = [p.read_bytes() for p in _local_cas()]
     return _sha([*(r.encode() for r in recipe), *cas])[:16]
 
@@ -282,6 +288,9 @@ class BuildKit:
                 "--oci-worker-binary", str(BIN / "runc"),
                 "--oci-worker-net=host",
                 "--oci-worker-snapshotter=overlayfs",
+                # Room for the torch base's layers, so that a trainer image rebuilt after a
+                # change to the project reuses them instead of unpacking gigabytes again.
+                f"--oci-worker-gc-keepstorage={BUILDKIT_KEEP_MB}",
             ],
             stdout=logfile,
             stderr=logfile,
@@ -386,9 +395,8 @@ def build_python_base() -> Layout:
         cas = _local_cas()
         if cas:
             argv += [f"--customize-hook=copy-in {' '.join(map(str, cas))} {LOCAL_CAS}"]
+        argv += [f"--customize-hook={hook}" for hook in CUSTOMIZE_HOOKS]
         argv += [
-            '--customize-hook=chroot "$1" update-ca-certificates >/dev/null 2>&1',
-            f'--customize-hook=chroot "$1" python3 -m venv {VENV}',
             '--customize-hook=chroot "$1" dpkg-query -W -f="\\${Package}=\\${Version}\\n"'
             f' > {work / "packages.lock"}',
             DEBIAN_SUITE, rootfs, sources,
@@ -404,7 +412,7 @@ def build_python_base() -> Layout:
         config = ["umoci", "config", "--image", f"{layout}:latest", "--no-history"]
         for env in BASE_ENV:
             config += ["--config.env", env]
-        _run([*config, "--config.cmd", "python3"])
+        _run([*config, "--config.cmd", BASE_CMD])
         _run(["umoci", "gc", "--layout", layout])
         shutil.move(work / "packages.lock", layout / "packages.lock")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -425,8 +433,8 @@ def build_torch_base(buildkit: BuildKit, python: Layout) -> Layout:
         return Layout(name, path, _layout_digest(path, "latest"))
     log(f"torch base {key}: installing torch {torch_version()} from PyPI (gigabytes, minutes)")
     start = time.monotonic()
+    _prune_bases("torch-base-")  # before, so that the disk holds one torch base at a time
     partial = path.with_name(path.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
     ref = f"{REGISTRY}/python-base"
     buildkit.build(
         "torch-base",
@@ -436,7 +444,6 @@ def build_torch_base(buildkit: BuildKit, python: Layout) -> Layout:
         [(ref, python)],
         f"type=oci,tar=false,dest={partial},name=latest",
     )
-    _prune_bases("torch-base-")
     partial.rename(path)
     log(f"torch base {key}: built in {time.monotonic() - start:.0f} s ({_size(path)})")
     return Layout(name, path, _layout_digest(path, "latest"))
