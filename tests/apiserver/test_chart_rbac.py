@@ -92,6 +92,7 @@ ALLOWED = [
     ("apply the heartbeat Lease", "patch leases.coordination.k8s.io -n {ns}"),
     ("apply the agent's Role", "create roles.rbac.authorization.k8s.io -n {ns}"),
     ("send Events", "create events -n {ns}"),
+    ("list a pod's FailedMount Events", "list events -n {ns}"),
     ("taint nodes", "patch nodes"),
     ("read a hot-path PersistentVolume", "get persistentvolumes"),
     ("watch CRDs (kopf)", "watch customresourcedefinitions.apiextensions.k8s.io"),

@@ -232,6 +232,11 @@ class Reason(StrEnum):
     NETWORK_VOLUME_FORBIDDEN = "NetworkVolumeForbidden"
     NETWORK_VOLUME_WARNING = "NetworkVolumeWarning"
     SPEC_CHANGED = "SpecChanged"
+    # Inputs the pod needs and cannot get (`policies/inputs.py`): a user's fix lets it go on.
+    IMAGE_PULL_FAILED = "ImagePullFailed"
+    SECRET_NOT_FOUND = "SecretNotFound"
+    CLAIM_NOT_FOUND = "ClaimNotFound"
+    DATA_SOURCE_UNREACHABLE = "DataSourceUnreachable"
     # Failures (also `status.lastFailure.cause`); the verdicts are causes too.
     LEASE_EXPIRED = "LeaseExpired"
     NODE_LOST = "NodeLost"

@@ -1,7 +1,14 @@
-"""A run's pods: what the operator reads from them (phase, node, the scheduler's reason)."""
+"""A run's pods: what the operator reads from them (phase, node, the scheduler's reason).
+
+Also what the kubelet says about a pod that cannot start: containers waiting for an image,
+and, read only while the pod's volumes are not set up, the pod's `FailedMount` Events (a
+Secret that does not exist is told nowhere else; the operator never reads Secrets).
+"""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from typing import Any
 
 from trainguard.api.constants import ANNOTATION_SPEC_HASH, LABEL_RUN, StagingPhase
@@ -10,11 +17,17 @@ from trainguard.operator.build.constants import Container
 from trainguard.operator.build.names import attempt_of
 from trainguard.operator.conditions import preflight_condition, staging_condition
 from trainguard.operator.k8s.client import Kube, KubeError, object_path
-from trainguard.operator.policies import initsteps
+from trainguard.operator.policies import initsteps, inputs
+from trainguard.operator.policies.inputs import Waiting
 from trainguard.operator.policies.lifecycle import PodView
 
+log = logging.getLogger(__name__)
 POD_SCHEDULED = "PodScheduled"
 UNSCHEDULABLE = "Unschedulable"
+# False until the pod's sandbox exists, which waits for every volume to be set up.
+READY_TO_START = "PodReadyToStartContainers"
+PENDING = "Pending"
+FAILED_MOUNT = "FailedMount"
 
 
 def scheduler_message(pod: dict[str, Any]) -> str | None:
@@ -40,11 +53,59 @@ def preflight_exit(pod: dict[str, Any]) -> tuple[int | None, str | None]:
 
 def step_message(pod: dict[str, Any], step: str) -> str | None:
     """The termination message an init step left, once it terminated."""
+    return step_exit(pod, step)[1]
+
+
+def step_exit(pod: dict[str, Any], step: str) -> tuple[int | None, str | None]:
+    """An init step's exit code and termination message, once it terminated."""
     for status in pod.get("status", {}).get("initContainerStatuses") or []:
         terminated = (status.get("state") or {}).get("terminated")
         if status.get("name") == step and terminated:
-            return terminated.get("message") or None
+            return terminated.get("exitCode"), terminated.get("message") or None
+    return None, None
+
+
+def failed_step(pod: dict[str, Any]) -> str | None:
+    """The first init step that exited non-zero, in words (when it left no message)."""
+    for status in pod.get("status", {}).get("initContainerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated") or {}
+        if terminated.get("exitCode"):
+            why = terminated.get("reason") or "no reason"
+            return f"init step {status.get('name')} exited {terminated['exitCode']} ({why})"
     return None
+
+
+def waiting(pod: dict[str, Any]) -> tuple[Waiting, ...]:
+    """Containers (init ones first) waiting for something other than their turn."""
+    found = []
+    status = pod.get("status", {})
+    for container in [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]:
+        wait = (container.get("state") or {}).get("waiting") or {}
+        reason = wait.get("reason")
+        if reason and reason not in inputs.STARTING_REASONS:
+            found.append(
+                Waiting(
+                    container.get("name") or "",
+                    container.get("image") or "",
+                    reason,
+                    wait.get("message") or "",
+                )
+            )
+    return tuple(found)
+
+
+def volumes_pending(pod: dict[str, Any]) -> bool:
+    """Whether the pod is on a node, Pending, and its sandbox waits (for its volumes)."""
+    status = pod.get("status", {})
+    if not pod.get("spec", {}).get("nodeName") or status.get("phase") != PENDING:
+        return False
+    return any(
+        c.get("type") == READY_TO_START and c.get("status") == "False"
+        for c in status.get("conditions") or []
+    )
 
 
 def pod_view(pod: dict[str, Any]) -> PodView | None:
@@ -55,7 +116,7 @@ def pod_view(pod: dict[str, Any]) -> PodView | None:
         return None
     exit_code, message = preflight_exit(pod)
     report = initsteps.parse(Preflight, message)
-    staged = step_message(pod, Container.STAGE_DATA)
+    staging_exit, staged = step_exit(pod, Container.STAGE_DATA)
     staging = initsteps.parse(Staging, staged)
     # The evidence of a failed step, in words: the failed checks and figures, or the error.
     evidence = message
@@ -72,9 +133,51 @@ def pod_view(pod: dict[str, Any]) -> PodView | None:
         spec_hash=(meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH),
         unschedulable=scheduler_message(pod),
         preflight_exit=exit_code,
-        message=evidence or pod.get("status", {}).get("message") or None,
+        message=evidence or pod.get("status", {}).get("message") or failed_step(pod),
         preflight_report=message,
         staging_report=staged,
+        staging_exit=staging_exit,
+        waiting=waiting(pod),
+        volumes_pending=volumes_pending(pod),
+    )
+
+
+def mount_failure(kube: Kube, namespace: str, pod: str) -> str | None:
+    """The newest `FailedMount` Event of a pod, in the kubelet's words; None if none or unread.
+
+    An Event is evidence, not state: when it cannot be read (e.g. a chart without `list` on
+    events) the run reports what the pod itself shows.
+    """
+    selector = f"involvedObject.kind=Pod,involvedObject.name={pod},reason={FAILED_MOUNT}"
+    try:
+        answer = kube.request(
+            "GET", object_path("v1", "events", namespace, None), query={"fieldSelector": selector}
+        )
+    except KubeError as err:
+        log.warning("cannot read the events of pod %s/%s: %s", namespace, pod, err)
+        return None
+    items = answer.get("items") or []
+    newest = max(items, key=_event_time, default=None)
+    return str(newest.get("message") or "") or None if newest is not None else None
+
+
+def _event_time(event: dict[str, Any]) -> str:
+    # RFC 3339 times of one format sort as text; the series' last, else the first.
+    series = event.get("series") or {}
+    return str(
+        series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("eventTime") or ""
+    )
+
+
+def with_mount_failures(
+    kube: Kube, namespace: str, pods: tuple[PodView, ...]
+) -> tuple[PodView, ...]:
+    """The pods, each waiting for its volumes with the newest FailedMount Event about it."""
+    return tuple(
+        replace(p, mount_failure=mount_failure(kube, namespace, p.name))
+        if inputs.needs_mount_check(p)
+        else p
+        for p in pods
     )
 
 

@@ -2,7 +2,8 @@
 
 The steps are the pure functions of the lower layers glued to the API calls:
 1. parse the run once (an invalid spec becomes `Failed=True, reason InvalidSpec`);
-2. decide from the run and its observed pods which pod it should have (`policies.lifecycle`);
+2. decide from the run and its observed pods which pod it should have (`policies.lifecycle`),
+   and what a pod that cannot start lacks (`policies.inputs`);
 3. when a pod is to be created, read the hot-path volumes and ask the placement guard;
 4. server-side apply the companions (ServiceAccount, Role, RoleBinding, Lease) and the pod,
    delete superseded pods;
@@ -42,7 +43,7 @@ from trainguard.operator.k8s import events
 from trainguard.operator.k8s.apply import apply, apply_status
 from trainguard.operator.k8s.client import Kube, KubeError
 from trainguard.operator.k8s.nodes import node_ready, taint_unhealthy
-from trainguard.operator.k8s.pods import delete_pod, list_pods
+from trainguard.operator.k8s.pods import delete_pod, list_pods, with_mount_failures
 from trainguard.operator.k8s.volumes import read_hot_path
 from trainguard.operator.policies import backoff, failures, initsteps, ladder, lifecycle, signals
 from trainguard.operator.policies.lifecycle import Decision, PodView
@@ -108,7 +109,9 @@ def reconcile(
         kept = Observed(old.attempt, old.node, old.restarts)
         return Outcome(report(kube, meta, old, state, kept, [], settings.instance), message)
     namespace = run.metadata.namespace or ""
-    recorded, warnings = escalate(kube, run, tuple(pods), lease)
+    # A Secret that does not exist shows only in the pod's Events: read while its volumes wait.
+    pods = with_mount_failures(kube, namespace, tuple(pods))
+    recorded, warnings = escalate(kube, run, pods, lease)
     if recorded is not None:
         # The record is stored before the ladder acts (the pod deleted below), so an operator
         # restarted in between neither counts the failure twice nor forgets to act on it.
@@ -116,7 +119,7 @@ def reconcile(
         old = recorded
         run = run.model_copy(update={"status": recorded})
     desired = spec_hash(run.spec)
-    decision = lifecycle.decide(run, tuple(pods), desired)
+    decision = lifecycle.decide(run, pods, desired)
     if decision.create and (decision.attempt or 0) > 1:
         # The pods come from a watch, which can lag behind this operator's own writes under
         # load: a pod created moments ago may not be listed yet. Before moving to a next

@@ -5,7 +5,8 @@ decision about it into the status.
 
 A failure is one of (first match wins):
 - the preflight init step exited 10-13 (a node problem): `PreflightFailed`;
-- the pod failed (the supervisor gave up): `PodFailed`;
+- the pod failed (the supervisor gave up, or an init step failed), unless `stage-data` could
+  not read the data source (bad input, `policies.inputs`: no new attempt): `PodFailed`;
 - the agent of the current pod renews the Lease with a failure verdict (`Dead`, `Hung`,
   `GhostMemory`, `IOStuck`), or with the narrower cause its evidence names
   (`GPUMemoryNotReleased`, a GhostMemory verdict: memory a death left, still held);
@@ -29,7 +30,7 @@ from trainguard.api.constants import ConditionStatus, ConditionType, Reason, Ver
 from trainguard.api.status import ExcludedNode
 from trainguard.api.status import Failure as FailureRecord
 from trainguard.operator.conditions import set_condition
-from trainguard.operator.policies import ladder
+from trainguard.operator.policies import inputs, ladder
 from trainguard.operator.policies.ladder import Action, Failure, History
 from trainguard.operator.policies.lifecycle import PodView
 from trainguard.operator.policies.signals import (
@@ -69,8 +70,8 @@ class Found:
 
 def _cause(seen: Observation) -> tuple[str, str] | None:
     pod, lease = seen.pod, seen.lease
-    if pod is None or pod.deleting:
-        return None
+    if pod is None or pod.deleting or inputs.source_failed(pod):
+        return None  # bad input is not a failure another attempt fixes (`policies.inputs`)
     if pod.preflight_exit in PREFLIGHT_NODE_EXITS:
         return Reason.PREFLIGHT_FAILED, pod.message or f"preflight exited {pod.preflight_exit}"
     if pod.phase == "Failed":

@@ -11,6 +11,9 @@ Reasons for a new attempt: the first pod (`Created`), a resume after suspend (`R
 a spec change (`SpecChanged`: the old pod is deleted first), or a pod that vanished
 (`PodDeleted`, counted as a restart). The reason survives the wait for a terminating pod
 because the state written meanwhile carries it.
+
+A pod that lacks an input (an image, a Secret, a claim, a readable data source) is kept, and
+the state names what it lacks (`policies.inputs`): no new attempt while the input is missing.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from trainguard.operator.conditions import (
     is_true,
     state_reason,
 )
+from trainguard.operator.policies import inputs
+from trainguard.operator.policies.inputs import Waiting
 from trainguard.operator.policies.placement import PlacementDecision
 
 SUCCEEDED = "Succeeded"
@@ -62,6 +67,14 @@ class PodView:
     # The init steps' termination messages: their final reports (`policies.initsteps`).
     preflight_report: str | None = None
     staging_report: str | None = None
+    # Exit code of the stage-data init step once it terminated.
+    staging_exit: int | None = None
+    # Containers waiting for something other than their turn (an image, a config), the
+    # kubelet's words; whether the pod is on a node with its volumes not set up yet, and then
+    # the newest FailedMount Event about it (`policies.inputs`).
+    waiting: tuple[Waiting, ...] = ()
+    volumes_pending: bool = False
+    mount_failure: str | None = None
 
 
 @dataclass(frozen=True)
@@ -156,8 +169,11 @@ def _cause_text(cause: Reason, run: str, attempt: int) -> str:
     }.get(cause, "")
 
 
-def _pod_state(current: PodView) -> RunState:
+def _pod_state(run: TrainingRun, current: PodView) -> RunState:
     name = current.name
+    lacking = inputs.state(run.spec, run.metadata.namespace or "", current)
+    if lacking is not None:
+        return lacking
     if current.phase == FAILED:
         return RunState(Reason.POD_FAILED, f"pod {name} failed", degraded=True, warning=True)
     if current.unschedulable is not None:
@@ -228,7 +244,7 @@ def state(run: TrainingRun, decision: Decision, placement: PlacementDecision | N
         )
     if decision.current is None:
         return RunState(Reason.SCHEDULING, "no pod yet", progressing=True)
-    return _pod_state(decision.current)
+    return _pod_state(run, decision.current)
 
 
 def blocked(placement: PlacementDecision | None) -> bool:
