@@ -77,6 +77,8 @@ def test_minimal_example_yields_one_guarded_pod(
     assert spec["restartPolicy"] == "Never"
     assert spec["securityContext"] == {
         "runAsNonRoot": True,
+        "fsGroup": 65532,
+        "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     init = _by_name(spec["initContainers"])

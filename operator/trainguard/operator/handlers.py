@@ -20,9 +20,11 @@ A cycle that holds a restart back-off books one more cycle for when it ends.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -97,10 +99,30 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any
     memo.resync = asyncio.create_task(_resync(memo, config.resync_seconds))
 
 
+SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
+SERVICE_PORT_ENV = "KUBERNETES_SERVICE_PORT"
+
+
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """The pod's service account in a cluster, else the kubeconfig (as the operator's client)."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    info = kopf.login_with_service_account(**kwargs)
+    if info is not None:
+        return dataclasses.replace(info, server=in_cluster_server(os.environ, info.server))
+    return kopf.login_with_kubeconfig(**kwargs)
+
+
+def in_cluster_server(environ: Mapping[str, str], default: str) -> str:
+    """The apiserver's address inside a pod, as client-go's in-cluster config finds it.
+
+    The kubelet puts the `kubernetes` Service's address in every container's environment;
+    kopf's own login names it `kubernetes.default.svc`, which only a cluster DNS resolves
+    (not a pod with `dnsPolicy: Default`, nor a cluster without DNS).
+    """
+    host, port = environ.get(SERVICE_HOST_ENV), environ.get(SERVICE_PORT_ENV)
+    if not host or not port:
+        return default
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
 
 
 @kopf.on.cleanup()
