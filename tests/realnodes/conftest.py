@@ -27,6 +27,15 @@ from trainguard_dev.testing.servers import INSTALL_HINT, WEED, SeaweedFS
 REAL_NODES = 2
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the tests that remove the real nodes after every other test of the session.
+
+    Removing them takes the images and the chart's operator with them.
+    """
+    last = [item for item in items if item.get_closest_marker("removes_real_nodes")]
+    items[:] = [item for item in items if item not in last] + last
+
+
 @dataclass(frozen=True)
 class HostSnapshot:
     """What real nodes may change on the host: processes, mounts, cgroups, links, rules."""
@@ -202,7 +211,7 @@ def trainguard(real_cluster: RealCluster) -> Iterator[Trainguard]:
         yield Trainguard(real_cluster, operator, trainer)
     finally:
         cluster.kubectl("delete", "trainingruns", "--all", "-n", RUNS_NAMESPACE, check=False)
-        _helm(cluster, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait")
+        _helm(cluster, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE)
 
 
 @pytest.fixture(scope="session")

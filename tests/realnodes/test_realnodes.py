@@ -1,7 +1,8 @@
 """Real nodes: registered with node credentials, running pods, the GPU simulator, Services, down.
 
-The last test removes the real nodes, checks the host against the snapshot taken before they
-were added, and adds them again for whatever runs after it.
+The last test (ordered after every other test of the session by its `removes_real_nodes`
+marker) removes the real nodes, checks the host against the snapshot taken before they were
+added, and adds them again.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ def test_pods_reach_the_apiserver_through_the_kubernetes_service(
         assert "host=10.96.0.1" in out
 
 
+@pytest.mark.removes_real_nodes
 @pytest.mark.timeout(240)
 def test_down_leaves_the_host_as_it_was_and_up_again(real_cluster: RealCluster) -> None:
     cluster = real_cluster.cluster

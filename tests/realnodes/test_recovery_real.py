@@ -56,6 +56,8 @@ SHARDS_PV = "realnode-shards"
 SECRET = "s3-credentials"
 # Under the ghost threshold: on a live trainer no verdict; left by a death, memory not released.
 GHOST_MIB = 1024
+# Dead reaches the status within this many seconds of the kill (measured: a few).
+DEAD_BOUND_S = 15.0
 
 
 def _kubectl_json(cluster: Cluster, *args: str) -> Any:
@@ -245,6 +247,8 @@ def test_silent_death_is_dead_restarted_in_place_and_resumed_from_l1(
         what="Dead in the run's status",
     )
     detect_s = time.monotonic() - killed_at
+    # By absence: the agent's next look (intervalSeconds), its Lease, the operator's cycle.
+    assert detect_s <= DEAD_BOUND_S, detect_s
     assert status["lastFailure"]["cause"] == "Dead"
 
     def resumed() -> dict[str, Any] | None:
@@ -300,7 +304,8 @@ def test_hang_is_dumped_then_killed_across_users_and_restarted_in_place(
     assert {"VerdictHung", "HungTrainerStacks"} <= reasons, reasons
     assert "HungTrainerNotKilled" not in reasons
     stacks = next(e["message"] for e in events if e["reason"] == "HungTrainerStacks")
-    assert "trainguard_harness" in stacks, stacks
+    # The main thread's frames, in the training loop (faulthandler's dump, shortened).
+    assert 'File "' in stacks and "trainguard_harness/train" in stacks, stacks
     status = _status(cluster, run_name)
     assert status["lastFailure"]["cause"] == "Hung"
     assert [p["metadata"]["name"] for p in _pods(cluster, run_name)] == [pod["metadata"]["name"]]
