@@ -4,7 +4,7 @@
 # (hack/build-buildkit.sh) with their base image swapped, through its build argument, for a
 # local one made from Debian's packages (and, for the trainer, PyPI's torch). OCI archives for
 # `ctr -n k8s.io images import`, cached by content in $TRAINGUARD_CACHE/images (default:
-# <repo>/.cache). See trainguard_dev.images. Cold: about 2 min for the operator image, several
+# ~/.cache/trainguard/images, shared by every checkout). See trainguard_dev.images. Cold: about 2 min for the operator image, several
 # more for the trainer's torch base (built once per cache); warm: well under a second.
 # Arguments: image names (trainguard, trainguard-trainer; default both). Prints, per image:
 #   <ref> <archive> <manifest digest> user=<user>

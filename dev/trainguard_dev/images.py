@@ -14,11 +14,12 @@ base image swapped through the Dockerfile's own build argument and a BuildKit na
 The base trusts the CAs this machine's administrator added (/usr/local/share/ca-certificates),
 as a base built on this network must for its `RUN pip install` to reach PyPI.
 
-Everything is cached by content under $TRAINGUARD_CACHE/images (default: <repo>/.cache): a base by
-its recipe and package list (the versions Debian served are recorded in its packages.lock), a
-project image by its Dockerfile, its ignore file, the build context files that file admits and
-its base's digest. A project image is an OCI archive, ready for `ctr images import`, named
-`trainguard.local/<name>:<key>`. buildkitd runs only while something is built.
+Everything is cached by content under $TRAINGUARD_CACHE/images (default:
+~/.cache/trainguard/images, shared by checkouts): a base by its recipe and package list (the
+versions Debian served are recorded in its packages.lock), a project image by its Dockerfile,
+its ignore file, the build context files that file admits and its base's digest. A project
+image is an OCI archive, ready for `ctr images import`, named `trainguard.local/<name>:<key>`.
+buildkitd runs only while something is built.
 
     python -m trainguard_dev.images build      # prints each image's ref and archive
 """
@@ -44,8 +45,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("TRAINGUARD_CACHE", REPO / ".cache"))
-IMAGES = CACHE / "images"
 BIN = CACHE / "bin"
+
+
+def _images_dir() -> Path:
+    """$TRAINGUARD_CACHE/images, else the user's cache, shared by every checkout.
+
+    Images are keyed by content, so checkouts of different revisions share the bases (the
+    torch base alone is gigabytes) and each keeps its own project images.
+    """
+    if os.environ.get("TRAINGUARD_CACHE"):
+        return CACHE / "images"
+    user_cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(user_cache) / "trainguard" / "images"
+
+
+IMAGES = _images_dir()
 
 REGISTRY = "trainguard.local"
 BUILDKIT_VERSION = "v0.34.2"  # hack/build-buildkit.sh builds it and checks its module's pin
