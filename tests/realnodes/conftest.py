@@ -9,7 +9,6 @@ nodes are removed at the end of the session.
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from conftest import TEST_NODES, TEST_PROCESS_NODES
 from trainguard_dev import images
 from trainguard_dev.cluster import realnode
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing import chart
 from trainguard_dev.testing.servers import INSTALL_HINT, WEED, SeaweedFS
 
 REAL_NODES = 2
@@ -137,15 +137,10 @@ RELEASE_NAMESPACE = "trainguard-system"
 # The namespace of the real-node scenarios' runs: the operator watches it (and only it, so
 # the process-node tests' own operators and this one never reconcile the same runs).
 RUNS_NAMESPACE = "realnode-runs"
-RESTRICTED = {
-    "pod-security.kubernetes.io/enforce": "restricted",
-    "pod-security.kubernetes.io/enforce-version": "latest",
-}
 REAL_NODE_SELECTOR = {realnode.NODE_KIND_LABEL: realnode.NODE_KIND_REAL}
 # The operator runs on the first real node; the node-loss scenario stops the other one.
 OPERATOR_NODE = realnode.node_name(0)
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-CHART = Path(__file__).resolve().parents[2] / "charts" / "trainguard"
+RESYNC_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -162,35 +157,17 @@ class Trainguard:
         return self.real.cluster
 
 
-def _namespace(cluster: Cluster, name: str) -> None:
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {"name": name, "labels": RESTRICTED},
-    }
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
-
-
-def _helm(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(cluster.bin_dir / "helm"), "--kubeconfig", str(cluster.kubeconfig), *args],
-        capture_output=True, text=True, check=True, timeout=300,
-    )  # fmt: skip
-
-
 def install_chart(cluster: Cluster, operator: images.Image) -> None:
     """`helm upgrade --install` the chart as it is, with the image built here."""
-    repository, tag = operator.ref.rsplit(":", 1)
-    _helm(
-        cluster, "upgrade", "--install", RELEASE, str(CHART),
-        "--namespace", RELEASE_NAMESPACE, "--wait", "--timeout", "240s",
-        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
-        "--set", "image.pullPolicy=Never",
-        "--set", f"operator.watchNamespaces={{{RUNS_NAMESPACE}}}",
-        "--set", "operator.resyncSeconds=5",
-        "--set-json",
-        f"nodeSelector={json.dumps({**REAL_NODE_SELECTOR, HOSTNAME_LABEL: OPERATOR_NODE})}",
-    )  # fmt: skip
+    chart.install_chart(
+        cluster,
+        operator.ref,
+        release=RELEASE,
+        namespace=RELEASE_NAMESPACE,
+        watch_namespaces=[RUNS_NAMESPACE],
+        node_selector={**REAL_NODE_SELECTOR, chart.HOSTNAME_LABEL: OPERATOR_NODE},
+        resync_seconds=RESYNC_SECONDS,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -205,13 +182,13 @@ def trainguard(real_cluster: RealCluster) -> Iterator[Trainguard]:
     for image in (operator, trainer):
         realnode.import_image_everywhere(cluster, image.tar, image.ref)
     for name in (RELEASE_NAMESPACE, RUNS_NAMESPACE):
-        _namespace(cluster, name)
+        chart.restricted_namespace(cluster, name)
     install_chart(cluster, operator)
     try:
         yield Trainguard(real_cluster, operator, trainer)
     finally:
         cluster.kubectl("delete", "trainingruns", "--all", "-n", RUNS_NAMESPACE, check=False)
-        _helm(cluster, "uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE)
+        chart.uninstall_chart(cluster, RELEASE, RELEASE_NAMESPACE)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,9 @@
-"""The demo's pieces that need no cluster: its run, the chart's RBAC it applies, its output."""
+"""The demo's pieces that need no cluster: its runs, the chart's RBAC it applies, its output."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,11 +11,12 @@ import pytest
 import yaml
 
 from trainguard.api import TrainingRun
-from trainguard_dev.cluster.cluster import default_home, ensure_binaries
+from trainguard_dev.cluster.cluster import Cluster, default_home, ensure_binaries
 from trainguard_dev.cluster.procnode import claim_dir, network_volume_dir, shared_claim
 from trainguard_dev.demo import env as demo_env
 from trainguard_dev.demo.main import evidence_reason, summary_table
-from trainguard_dev.demo.watch import Checkpoints, progress_line
+from trainguard_dev.demo.nodes import REAL_NODE_SELECTOR, SHARDS_CLAIM, RealNodes, real_node_run
+from trainguard_dev.demo.watch import Checkpoints, PodFiles, PodView, progress_line
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -139,3 +141,33 @@ def test_summary_table_shows_each_recovery_and_the_totals() -> None:
     assert lines[3].split()[-3:] == ["n0", "->", "n1"]
     assert "verified checkpoints seen per layer: backup 5, l1 6" in lines
     assert lines[-1].startswith("final step 120, restarts 3, excluded nodes: n0")
+
+
+def test_the_real_node_run_is_the_demo_with_the_built_image_and_data_from_a_claim() -> None:
+    manifest = real_node_run("demo-x", "trainguard.local/trainguard-trainer:abc")
+    run = TrainingRun.model_validate(manifest)
+    assert run.spec.trainer.image == "trainguard.local/trainguard-trainer:abc"
+    assert manifest["spec"]["data"]["source"] == {"pvc": {"claimName": SHARDS_CLAIM}}
+    # Only the real nodes: the process-backed label of examples/demo.yaml is gone.
+    assert manifest["spec"]["placement"]["nodeSelector"] == REAL_NODE_SELECTOR
+    (layer,) = run.spec.checkpoints.remote
+    assert layer.claim_name == demo_env.backup_claim()
+
+
+def test_the_trainer_output_is_read_from_each_of_its_log_files(tmp_path: Path) -> None:
+    logs = tmp_path / "ns_demo-0_uid" / "trainer"
+    logs.mkdir(parents=True)
+    # The kubelet's CRI log format: one file per container start, a prefix on every line.
+    (logs / "0.log").write_text("2026-12-03T17:00:00Z stdout F resumed; steps 41..1000000\n")
+    (logs / "1.log").write_text("2026-12-03T17:01:00Z stdout F resumed; steps 81..1000000\n")
+    files = PodFiles(tmp_path / "state", logs.parent, "trainer/*.log")
+    pod = PodView("demo-0", "uid", "real-node-0", files, deleting=False)
+    assert pod.start_steps() == [40, 80]
+    assert pod.heartbeat() is None and pod.restore() is None
+
+
+def test_a_real_nodes_trainer_is_alive_while_its_heartbeat_is_fresh() -> None:
+    nodes = RealNodes(Cluster("unit-demo"))
+    assert nodes.trainer_alive({"pid": 7, "time": time.time() - 1})
+    assert not nodes.trainer_alive({"pid": 7, "time": time.time() - 60})
+    assert not nodes.trainer_alive({"pid": 7})

@@ -1,11 +1,12 @@
 """What `trainguard demo` sets up on the local control plane before the run starts.
 
-The generated CRD; the operator's identity exactly as the Helm chart grants it (the chart's
-ServiceAccount and RBAC, rendered by the pinned helm and applied, and a kubeconfig holding
-only that ServiceAccount's token); the operator as a local process watching the demo's
-namespace; the PVC its remote layer names, a volume every process node reaches; and the run
-itself, from ``examples/demo.yaml`` with the demo's own data (synthetic token shards). The
-operator process, the shards and the run's manifest are built by `trainguard_dev.testing`.
+The generated CRD; on process-backed nodes, the operator's identity exactly as the Helm chart
+grants it (the chart's ServiceAccount and RBAC, rendered by the pinned helm and applied, and a
+kubeconfig holding only that ServiceAccount's token) and the operator as a local process
+watching the demo's namespace; the claims of the run (its remote layer's, and on real nodes
+its data's), hostPath volumes every node reaches; and the run itself, from
+``examples/demo.yaml`` with the demo's own data (synthetic token shards). The operator
+process, the shards and the run's manifest are built by `trainguard_dev.testing`.
 """
 
 from __future__ import annotations
@@ -143,13 +144,12 @@ def backup_claim() -> str:
 
 
 def backup_dir(cluster: Cluster, namespace: str) -> Path:
-    """Where the process nodes keep the remote layer's volume: the demo's "remote storage"."""
+    """Where the remote layer's volume is kept: the demo's "remote storage"."""
     return claim_dir(cluster.root, namespace, backup_claim())
 
 
-def create_backup_claim(cluster: Cluster, namespace: str) -> None:
-    """Create the remote layer's PVC, bound to a volume every node reaches, and wait for it."""
-    claim = backup_claim()
+def create_claim(cluster: Cluster, namespace: str, claim: str) -> None:
+    """Create `claim`, bound to a hostPath volume every node reaches, and wait until Bound."""
     objects = shared_claim(cluster.root, namespace, claim)
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
     cluster.kubectl(

@@ -4,7 +4,10 @@ It brings up (or reuses) a local control plane with two process-backed GPU nodes
 pods run as real local processes (the GPUs are simulated); installs the CRD generated from
 the API models; runs the operator as a local process with exactly the RBAC the Helm chart
 grants; and applies ``examples/demo.yaml``, the tiny reference model training on the CPU.
-Then, with a live progress line, it breaks the run twice and narrates what trainguard does:
+With ``--real-nodes`` the same story runs on two real nodes (kubelet, containerd, runc; the
+GPUs simulated), with the images built here and trainguard installed in-cluster from its
+Helm chart (`trainguard_dev.demo.nodes` holds the difference). Then, with a live progress
+line, it breaks the run twice and narrates what trainguard does:
 
 1. silent death: the trainer is SIGKILLed; the agent sees it gone, the operator records
    `Dead` and the trainer restarts in place from its newest local (L1) checkpoint;
@@ -14,20 +17,18 @@ Then, with a live progress line, it breaks the run twice and narrates what train
 
 It ends with a summary (detection latency, time to resume, steps lost, verified
 checkpoints per layer), suspends the run (its status and Events stay for kubectl and
-`trainguard status`), stops the operator and leaves the cluster up, printing its
-KUBECONFIG line; ``--down`` tears the cluster down instead (``--keep``, the default, keeps
-it). ``--json`` prints only the summary, as one JSON object, on stdout. Ctrl-C stops the
-operator and deletes the run. A recovery that does not happen in time exits 1, naming the
-step that did not happen.
+`trainguard status`), stops a local operator (an in-cluster one keeps watching) and leaves
+the cluster up, printing its KUBECONFIG line; ``--down`` tears the cluster down instead
+(``--keep``, the default, keeps it). ``--json`` prints only the summary, as one JSON object,
+on stdout. Ctrl-C stops a local operator and deletes the run. A recovery that does not
+happen in time exits 1, naming the step that did not happen.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -35,28 +36,17 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from trainguard.api.constants import TAINT_UNHEALTHY, Reason, Verdict
-from trainguard.contract.env import PREFLIGHT_MIN_READ_MBPS, PREFLIGHT_MIN_WRITE_MBPS
 from trainguard.operator.k8s.client import Kube, KubeError
 from trainguard_dev.cluster.cluster import Cluster, ClusterError
-from trainguard_dev.cluster.nodes import process_node_name
-from trainguard_dev.cluster.procnode import ENV_FILENAME
 from trainguard_dev.demo import env as demo_env
+from trainguard_dev.demo.nodes import Nodes, ProcessNodes, RealNodes
 from trainguard_dev.demo.watch import L1, Checkpoints, Display, Observer, PodView, progress_line
 from trainguard_dev.testing.polling import eventually
-from trainguard_dev.testing.processes import OperatorProcess
-from trainguard_dev.testing.runs import make_shards
 
 DEMO_CLUSTER = "demo"
+DEMO_REAL_CLUSTER = "demo-real"
 NAMESPACE = "trainguard-demo"
 RUN = "demo"
-KWOK_NODES = 1
-PROCESS_NODES = 2
-# Process-node control files the demo may have left behind on a reused cluster.
-CONTROL_FILES = ("gpu-sim.json", "down", ENV_FILENAME)
-# The process nodes' disk is this machine's, shared with whatever else runs on it: the
-# preflight's bandwidth floors (50 MB/s, for a GPU node's local NVMe) are lowered for them,
-# as a node class's own setting, so a busy laptop does not read as a sick node.
-NODE_ENV = {PREFLIGHT_MIN_WRITE_MBPS: "5", PREFLIGHT_MIN_READ_MBPS: "5"}
 GHOST_MIB = 8192
 GHOST_CAUSES = (Verdict.GHOST_MEMORY.value, Reason.GPU_MEMORY_NOT_RELEASED.value)
 POLL_SECONDS = 0.5
@@ -114,11 +104,11 @@ def evidence_reason(failure: dict[str, Any]) -> str:
 class Demo:
     """One demo: setup, the two failures, the summary and the cleanup."""
 
-    def __init__(self, cluster: Cluster, display: Display) -> None:
-        self.cluster = cluster
+    def __init__(self, nodes: Nodes, display: Display) -> None:
+        self.nodes = nodes
+        self.cluster = nodes.cluster
         self.display = display
-        self.workdir = cluster.root / "demo"
-        self.operator: OperatorProcess | None = None
+        self.workdir = self.cluster.root / "demo"
         self.observer: Observer | None = None
         self.checkpoints = Checkpoints()
         self.every_steps = 0
@@ -128,35 +118,20 @@ class Demo:
     # ----- setup -------------------------------------------------------------------------
 
     def setup(self) -> None:
-        """Control plane, CRD, the chart's RBAC, the operator, the data and the run."""
+        """Control plane, CRD, the operator, the data and the run."""
         say = self.display.say
-        repo = demo_env.source_tree()
-        seconds = self.cluster.up(nodes=KWOK_NODES, process_nodes=PROCESS_NODES)
-        say(
-            f"local control plane {self.cluster.name!r} ready in {seconds:.1f} s: "
-            f"{PROCESS_NODES} process-backed GPU nodes (simulated GPUs, real processes)"
-        )
+        demo_env.source_tree()
+        self.nodes.up(say)
         self.workdir.mkdir(parents=True, exist_ok=True)
         demo_env.install_crd(self.cluster)
         say("CRD trainingruns.trainguard.dev installed (generated from the API models)")
-        demo_env.ensure_namespace(self.cluster, NAMESPACE)
+        self.nodes.namespace(NAMESPACE)
         kube = Kube.connect(str(self.cluster.kubeconfig), pool_size=2)
-        self.observer = Observer(kube, self.cluster.root, NAMESPACE, RUN)
+        self.observer = Observer(kube, self.nodes.pod_files, NAMESPACE, RUN)
         self._fresh_stage()
-        account, kubeconfig = demo_env.operator_identity(
-            self.cluster, repo, NAMESPACE, self.workdir
-        )
-        self.operator = demo_env.operator_process(
-            kubeconfig, NAMESPACE, self.workdir / "operator.log"
-        )
-        self.operator.start()
-        say(
-            f"operator started as a local process with only the chart's RBAC (ServiceAccount "
-            f"{demo_env.OPERATOR_NAMESPACE}/{account}); log: {self.operator.log_path}"
-        )
-        shards = make_shards(self.workdir / "shards")
-        demo_env.create_backup_claim(self.cluster, NAMESPACE)
-        run = demo_env.demo_run(RUN, shards)
+        self.nodes.start_operator(NAMESPACE, self.workdir, say)
+        run = self.nodes.run(RUN, NAMESPACE, self.workdir)
+        self.nodes.backup_claim(NAMESPACE)
         self.every_steps = int(run["spec"]["checkpoints"]["everySteps"])
         self.cluster.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=json.dumps(run))
         self.run_applied = True
@@ -168,7 +143,7 @@ class Demo:
         )
 
     def _fresh_stage(self) -> None:
-        """On a reused cluster: no run of an earlier demo, healthy process nodes."""
+        """On a reused cluster: no run of an earlier demo, healthy nodes."""
         self.cluster.kubectl(
             "delete", "trainingruns", RUN, "-n", NAMESPACE, "--ignore-not-found", "--wait=true",
             "--timeout=60s", timeout=90, check=False,
@@ -176,13 +151,9 @@ class Demo:
         self._wait(lambda: not self._obs().pods(), 60.0, "pods of an earlier demo run to go")
         # The remote layer starts empty: the ghost recovery must restore what this run shipped.
         shutil.rmtree(demo_env.backup_dir(self.cluster, NAMESPACE), ignore_errors=True)
-        nodes = [process_node_name(i) for i in range(PROCESS_NODES)]
+        nodes = self.nodes.names()
         for node in nodes:
-            control = self.cluster.root / "procnodes" / node
-            for name in CONTROL_FILES:
-                (control / name).unlink(missing_ok=True)
-            control.mkdir(parents=True, exist_ok=True)
-            (control / ENV_FILENAME).write_text(json.dumps(NODE_ENV))
+            self.nodes.reset(node)
             self.cluster.kubectl("taint", "node", node, f"{TAINT_UNHEALTHY}-", check=False)
         self.cluster.kubectl(
             "wait", "--for=condition=Ready", *(f"node/{n}" for n in nodes), "--timeout=60s",
@@ -221,10 +192,9 @@ class Demo:
                 if not err.transient and err.status != 0:
                     raise
                 value = None
-            if not value and self.operator is not None and not self.operator.alive():
-                raise DemoError(
-                    f"the operator exited while waiting for {what}; see {self.operator.log_path}"
-                )
+            problem = None if value else self.nodes.operator_problem()
+            if problem:
+                raise DemoError(f"{problem} while waiting for {what}")
             return value
 
         try:
@@ -251,13 +221,7 @@ class Demo:
             raise DemoError(f"{err}; {where}") from None
 
     def _trainer_alive(self, snap: Snapshot) -> bool:
-        if snap.beat is None or snap.beat.get("pid") is None:
-            return False
-        try:
-            os.kill(int(snap.beat["pid"]), 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return snap.beat is not None and self.nodes.trainer_alive(snap.beat)
 
     def _new_failure(
         self, previous: dict[str, Any] | None, causes: tuple[str, ...]
@@ -296,11 +260,19 @@ class Demo:
         pid, step = int(before["pid"]), int(before["step"])
         say(f"1. silent death: SIGKILL the trainer (pid {pid}) at step {step}")
         killed = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
+        self.nodes.kill_trainer(pod.name, NAMESPACE, pid)
+        dead = self._new_failure(previous, (Verdict.DEAD.value,))
+
+        def detected(snap: Snapshot) -> dict[str, Any] | None:
+            nonlocal step
+            # The dead trainer's last heartbeat: the step it reached before the signal landed.
+            if snap.beat and snap.beat.get("pid") == pid:
+                step = max(step, int(snap.beat.get("step") or 0))
+            return dead(snap)
+
         failure = self.watch(
-            self._new_failure(previous, (Verdict.DEAD.value,)), DETECT_TIMEOUT,
-            "detection of the silent death (Dead in the run's status)",
-        )  # fmt: skip
+            detected, DETECT_TIMEOUT, "detection of the silent death (Dead in the run's status)"
+        )
         detect_s = time.monotonic() - killed
         say(f"   detected in {detect_s:.1f} s: {failure['cause']} ({evidence_reason(failure)})")
 
@@ -374,14 +346,13 @@ class Demo:
         attempt = int(snap.status.get("attempt") or 1)
         beat = _just_written(pod) or snap.beat
         pid, highest = int(beat["pid"]), int(beat["step"])
-        control = self.cluster.root / "procnodes" / node / "gpu-sim.json"
-        control.write_text(json.dumps({"ghost_mib": GHOST_MIB}))
+        self.nodes.inject_ghost(node, GHOST_MIB)
         say(
             f"2. ghost VRAM: {node}'s GPU keeps {GHOST_MIB} MiB no process holds; "
             f"SIGKILL the trainer (pid {pid}) at step {highest}"
         )
         killed = time.monotonic()
-        os.kill(pid, signal.SIGKILL)
+        self.nodes.kill_trainer(pod.name, NAMESPACE, pid)
         seen: list[dict[str, Any]] = []
 
         def detected(snap: Snapshot) -> dict[str, Any] | None:
@@ -514,9 +485,8 @@ class Demo:
             )  # fmt: skip
 
     def stop_operator(self) -> None:
-        """Stop the operator process (idempotent)."""
-        if self.operator is not None:
-            self.operator.stop()
+        """Stop a local operator (idempotent); an in-cluster one stays."""
+        self.nodes.stop_operator()
 
 
 def summary_table(summary: dict[str, Any]) -> str:
@@ -576,7 +546,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         epilog="The cluster stays up by default (--keep); stop it later with "
         "`trainguard dev cluster down --name <name>`.",
     )
-    parser.add_argument("--name", default=DEMO_CLUSTER, help="cluster name (default: demo)")
+    parser.add_argument(
+        "--name",
+        help=f"cluster name (default: {DEMO_CLUSTER}, with --real-nodes {DEMO_REAL_CLUSTER})",
+    )
+    parser.add_argument(
+        "--real-nodes", action="store_true",
+        help="run on two real nodes (kubelet, containerd, runc; needs root) with the images "
+        "built here and trainguard installed in-cluster from its Helm chart",
+    )  # fmt: skip
     end = parser.add_mutually_exclusive_group()
     end.add_argument("--keep", action="store_true", help="leave the cluster up (the default)")
     end.add_argument("--down", action="store_true", help="tear the cluster down at the end")
@@ -591,12 +569,13 @@ def main(argv: list[str]) -> int:
     """Entry point of `trainguard demo`."""
     args = parse_args(argv)
     try:
-        cluster = Cluster(args.name)
+        cluster = Cluster(args.name or (DEMO_REAL_CLUSTER if args.real_nodes else DEMO_CLUSTER))
     except ValueError as err:
         print(f"trainguard demo: {err}", file=sys.stderr)
         return 2
     display = Display(sys.stderr if args.json else sys.stdout)
-    demo = Demo(cluster, display)
+    nodes: Nodes = RealNodes(cluster) if args.real_nodes else ProcessNodes(cluster)
+    demo = Demo(nodes, display)
     started = time.monotonic()
     code = 1
     try:
@@ -613,10 +592,11 @@ def main(argv: list[str]) -> int:
         code = 130
     except (DemoError, ClusterError, KubeError) as err:
         display.text(f"\ntrainguard demo: {err}")
-        if demo.operator is not None:
-            display.text(f"operator log: {demo.operator.log_path}")
+        log = nodes.operator_log()
+        if log:
+            display.text(f"operator log: {log}")
         for pod in demo.observer.pods() if demo.observer is not None else []:
-            display.text(f"pod {pod.name} on {pod.node}: logs in {pod.directory}")
+            display.text(f"pod {pod.name} on {pod.node}: logs in {pod.files.logs}")
         demo.abandon()
     finally:
         demo.stop_operator()
@@ -629,6 +609,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps(summary, indent=2))
         return 0
     display.text()
+    display.text(f"On {nodes.description}:")
     display.text(summary_table(summary))
     display.text()
     if not args.down:

@@ -2,10 +2,9 @@
 
 The run's status and pods come from the apiserver (as the cluster admin). The trainer's
 heartbeat and the restore step's record are files in the pod's state volume, and the
-trainer's output a file beside it: on a process-backed node, all under
-``<cluster>/procnodes/<node>/pods/<namespace>_<pod>_<uid>/``. The display
-prints the narration and a progress line: refreshed in place on a terminal, a plain line
-every few seconds otherwise.
+trainer's output a file beside it; where they are depends on the nodes (`PodFiles`, given by
+`trainguard_dev.demo.nodes`). The display prints the narration and a progress line: refreshed
+in place on a terminal, a plain line every few seconds otherwise.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -21,12 +21,11 @@ from typing import Any, TextIO
 from trainguard.api.constants import API_VERSION, LABEL_RUN, PLURAL
 from trainguard.contract.files import RESTORE_FILENAME, read_json
 from trainguard.operator.k8s.client import Kube, object_path
-from trainguard_dev.testing.pods import STATE_VOLUME, heartbeat, pod_directory
+from trainguard_dev.testing.pods import heartbeat
 
 Obj = dict[str, Any]
 
 RESTORE = RESTORE_FILENAME
-TRAINER_LOG = "trainer.log"
 # The reference trainer logs "...; steps <first>..<last>" once it has resumed.
 START_LINE = re.compile(r"steps (\d+)\.\.\d+")
 PLAIN_PROGRESS_SECONDS = 5.0
@@ -34,39 +33,54 @@ L1 = "l1"
 
 
 @dataclass(frozen=True)
+class PodFiles:
+    """Where a pod's files are on its node, read from this machine."""
+
+    state: Path  # the state volume: heartbeat, restore record
+    logs: Path  # the directory of its containers' output
+    trainer_log: str  # the trainer container's output in `logs` (a glob: one file a start)
+
+
+@dataclass(frozen=True)
 class PodView:
-    """A pod of the run that is bound to a node, and where its volumes are."""
+    """A pod of the run that is bound to a node, and where its files are."""
 
     name: str
     uid: str
     node: str
-    directory: Path
+    files: PodFiles
     deleting: bool
 
     def heartbeat(self) -> Obj | None:
         """The trainer's heartbeat file, or None before the first one."""
-        return heartbeat(self.directory / "volumes" / STATE_VOLUME)
+        return heartbeat(self.files.state)
 
     def restore(self) -> Obj | None:
         """What the restore init step did (``step``, ``from_layer``), or None."""
-        return read_json(self.directory / "volumes" / STATE_VOLUME / RESTORE)
+        return read_json(self.files.state / RESTORE)
 
     def start_steps(self) -> list[int]:
         """The step each trainer process of this pod resumed from, in order."""
-        # The process node keeps each container's output beside the pod's volumes.
-        try:
-            text = (self.directory / TRAINER_LOG).read_text(errors="replace")
-        except OSError:
-            return []
+        paths = sorted(
+            self.files.logs.glob(self.files.trainer_log), key=lambda p: (len(p.name), p.name)
+        )
+        text = ""
+        for path in paths:
+            try:
+                text += path.read_text(errors="replace")
+            except OSError:
+                continue
         return [int(found) - 1 for found in START_LINE.findall(text)]
 
 
 class Observer:
     """Reads the demo run's status, pods, nodes and Events."""
 
-    def __init__(self, kube: Kube, cluster_root: Path, namespace: str, run: str) -> None:
+    def __init__(
+        self, kube: Kube, locate: Callable[[Obj], PodFiles], namespace: str, run: str
+    ) -> None:
         self.kube = kube
-        self.cluster_root = cluster_root
+        self.locate = locate
         self.namespace = namespace
         self.run_name = run
 
@@ -92,9 +106,8 @@ class Observer:
             meta, node = pod["metadata"], pod["spec"].get("nodeName")
             if not node:
                 continue
-            directory = pod_directory(self.cluster_root, pod)
             deleting = bool(meta.get("deletionTimestamp"))
-            views.append(PodView(meta["name"], meta["uid"], node, directory, deleting))
+            views.append(PodView(meta["name"], meta["uid"], node, self.locate(pod), deleting))
         return views
 
     def current_pod(self) -> PodView | None:

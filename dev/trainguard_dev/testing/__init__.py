@@ -6,6 +6,8 @@
 - `polling`: waiting until something holds, with an error that names what never happened;
 - `pods`: a pod's files on a process-backed node (its volumes, the trainer's heartbeat);
 - `servers`: real S3 (SeaweedFS) and SSH servers on loopback for the remote layers.
+- `chart`: trainguard installed in-cluster from its Helm chart, in namespaces that enforce
+  Pod Security `restricted` (the real-node tests and `trainguard demo --real-nodes`).
 
 Nothing here is part of the product: `trainguard` never imports it.
 """
