@@ -40,7 +40,9 @@ from trainguard_dev.testing.runs import (
 )
 from trainguard_dev.testing.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
 
-pytestmark = [pytest.mark.realnodes, pytest.mark.timeout(300)]
+# Only the test itself is timed: the session's real nodes, images and chart come from the
+# first test's fixtures (minutes on a fresh cache), whose every step is bounded on its own.
+pytestmark = [pytest.mark.realnodes, pytest.mark.timeout(300, func_only=True)]
 
 NOT_BUILT = "trainguard.local/not-built:1"
 ABSENT_CLAIM = "absent-shards"
@@ -137,7 +139,7 @@ def _held(cluster: Cluster, name: str, reason: Reason, named: str, bound: float)
     assert (status.get("attempt"), status.get("restarts", 0)) == (1, 0), status
     assert "lastFailure" not in status, status
     told = _warnings(cluster, name, reason)
-    assert len(told) == 1 and told[0].get("count", 1) == 1, told
+    assert len(told) == 1 and told[0].get("count", 1) == 1, json.dumps(told, indent=1)
     assert named in told[0]["message"]
     assert [p["metadata"]["name"] for p in _pods(cluster, name)] == [f"{name}-1"]
     return message

@@ -48,7 +48,9 @@ from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.runs import make_shards, real_node_run
 from trainguard_dev.testing.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
 
-pytestmark = [pytest.mark.realnodes, pytest.mark.timeout(420)]
+# Only the test itself is timed: the session's real nodes, images and chart come from the
+# first test's fixtures (minutes on a fresh cache), whose every step is bounded on its own.
+pytestmark = [pytest.mark.realnodes, pytest.mark.timeout(420, func_only=True)]
 
 EVERY_STEPS = 20
 SHARDS_CLAIM = "shards"
