@@ -9,11 +9,13 @@ nodes are removed at the end of the session.
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -189,6 +191,27 @@ def trainguard(real_cluster: RealCluster) -> Iterator[Trainguard]:
     finally:
         cluster.kubectl("delete", "trainingruns", "--all", "-n", RUNS_NAMESPACE, check=False)
         chart.uninstall_chart(cluster, RELEASE, RELEASE_NAMESPACE)
+
+
+def kubectl_json(cluster: Cluster, *args: str) -> Any:
+    """`kubectl <args> -o json`, parsed."""
+    return json.loads(cluster.kubectl(*args, "-o", "json").stdout)
+
+
+def apply_in_runs(cluster: Cluster, *objects: dict[str, Any]) -> None:
+    """`kubectl apply` the objects in the runs' namespace."""
+    docs = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
+    cluster.kubectl("apply", "-n", RUNS_NAMESPACE, "-f", "-", input=json.dumps(docs))
+
+
+@pytest.fixture
+def run_name(request: pytest.FixtureRequest, trainguard: Trainguard) -> Iterator[str]:
+    """A run name for one test (from the test's name); the run is deleted afterwards."""
+    name = request.node.originalname.removeprefix("test_").replace("_", "-")[:40].strip("-")
+    yield name
+    trainguard.cluster.kubectl(
+        "delete", "trainingrun", name, "-n", RUNS_NAMESPACE, "--wait=false", check=False
+    )
 
 
 @pytest.fixture(scope="session")

@@ -15,12 +15,17 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from realnodes.conftest import REAL_NODE_SELECTOR, RUNS_NAMESPACE, Trainguard
+from realnodes.conftest import (
+    REAL_NODE_SELECTOR,
+    RUNS_NAMESPACE,
+    Trainguard,
+    apply_in_runs,
+    kubectl_json,
+)
 from trainguard.api.constants import (
     LABEL_RUN,
     SECRET_KEY_S3_ACCESS_KEY_ID,
@@ -58,29 +63,18 @@ SETTLE_SECONDS = 30
 SECRET_FIXED_BOUND = 180
 
 
-def _kubectl_json(cluster: Cluster, *args: str) -> Any:
-    return json.loads(cluster.kubectl(*args, "-o", "json").stdout)
-
-
-def _apply(cluster: Cluster, *objects: dict[str, Any]) -> None:
-    docs = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
-    cluster.kubectl("apply", "-n", RUNS_NAMESPACE, "-f", "-", input=json.dumps(docs))
-
-
 def _status(cluster: Cluster, name: str) -> dict[str, Any]:
-    run = _kubectl_json(cluster, "get", "trainingrun", name, "-n", RUNS_NAMESPACE)
+    run = kubectl_json(cluster, "get", "trainingrun", name, "-n", RUNS_NAMESPACE)
     return run.get("status") or {}
 
 
 def _pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    listed = _kubectl_json(
-        cluster, "get", "pods", "-n", RUNS_NAMESPACE, "-l", f"{LABEL_RUN}={name}"
-    )
+    listed = kubectl_json(cluster, "get", "pods", "-n", RUNS_NAMESPACE, "-l", f"{LABEL_RUN}={name}")
     return list(listed["items"])
 
 
 def _warnings(cluster: Cluster, name: str, reason: str) -> list[dict[str, Any]]:
-    listed = _kubectl_json(
+    listed = kubectl_json(
         cluster, "get", "events", "-n", RUNS_NAMESPACE,
         "--field-selector",
         f"involvedObject.kind=TrainingRun,involvedObject.name={name},reason={reason}",
@@ -90,16 +84,6 @@ def _warnings(cluster: Cluster, name: str, reason: str) -> list[dict[str, Any]]:
 
 def _progressing(status: dict[str, Any]) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c["type"] == "Progressing"), {})
-
-
-@pytest.fixture
-def run_name(request: pytest.FixtureRequest, trainguard: Trainguard) -> Iterator[str]:
-    """A run name for one test; the run is deleted afterwards."""
-    name = request.node.originalname.removeprefix("test_").replace("_", "-")[:40].strip("-")
-    yield name
-    trainguard.cluster.kubectl(
-        "delete", "trainingrun", name, "-n", RUNS_NAMESPACE, "--wait=false", check=False
-    )
 
 
 def _run(trainguard: Trainguard, name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +133,7 @@ def test_a_trainer_image_no_node_holds_is_named_and_not_retried_by_new_attempts(
     trainguard: Trainguard, run_name: str
 ) -> None:
     cluster = trainguard.cluster
-    _apply(cluster, _run(trainguard, run_name, {"trainer": {"image": NOT_BUILT}}))
+    apply_in_runs(cluster, _run(trainguard, run_name, {"trainer": {"image": NOT_BUILT}}))
     message = _held(cluster, run_name, Reason.IMAGE_PULL_FAILED, NOT_BUILT, IMAGE_BOUND)
     assert "container trainer" in message and "spec.trainer.image" in message
 
@@ -159,7 +143,7 @@ def test_a_missing_data_claim_is_named_and_the_pod_waits_unscheduled(
 ) -> None:
     cluster = trainguard.cluster
     data = {"source": {"pvc": {"claimName": ABSENT_CLAIM}}, "size": "10Mi"}
-    _apply(cluster, _run(trainguard, run_name, {"data": data}))
+    apply_in_runs(cluster, _run(trainguard, run_name, {"data": data}))
     message = _held(cluster, run_name, Reason.CLAIM_NOT_FOUND, ABSENT_CLAIM, CLAIM_BOUND)
     assert "the data source" in message
     (pod,) = _pods(cluster, run_name)
@@ -178,10 +162,10 @@ def test_a_missing_secret_is_named_and_creating_it_lets_the_run_start(
         "uri": f"s3://{bucket}/{run_name}",
         "credentialsSecret": {"name": secret},
     }
-    _apply(cluster, _run(trainguard, run_name, {"checkpoints": {"remote": [layer]}}))
+    apply_in_runs(cluster, _run(trainguard, run_name, {"checkpoints": {"remote": [layer]}}))
     message = _held(cluster, run_name, Reason.SECRET_NOT_FOUND, secret, SECRET_BOUND)
     assert "remote layer s3" in message
-    _apply(
+    apply_in_runs(
         cluster,
         {
             "apiVersion": "v1",

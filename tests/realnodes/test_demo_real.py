@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from demo_story import assert_story
 from realnodes.conftest import RealCluster
 from trainguard.api.constants import TAINT_UNHEALTHY
 from trainguard_dev.cluster.cluster import Cluster
@@ -32,7 +33,6 @@ TRAINGUARD = Path(sys.executable).parent / "trainguard"
 # A cold image build takes minutes; a warm demo a few.
 DEMO_TIMEOUT_SECONDS = 1200
 NAMESPACE = "trainguard-demo"
-GHOST_CAUSES = {"GhostMemory", "GPUMemoryNotReleased"}
 # From the kill (sent with `kubectl exec`, whose start counts) to Dead in the status.
 DEAD_DETECT_BOUND_S = 15.0
 # Ghost memory is judged once the dead trainer's memory outlives
@@ -89,28 +89,10 @@ def test_demo_on_real_nodes_shows_both_recoveries(real_cluster: RealCluster) -> 
         operator = json.loads(listed.stdout)["items"]
     finally:
         _remove_demo(cluster)
+    assert_story(summary, dead_bound_s=DEAD_DETECT_BOUND_S, ghost_bound_s=GHOST_DETECT_BOUND_S)
     real = {n.name for n in cluster.real_nodes.nodes()}
-    every = summary["checkpoint_every_steps"]
-    death, ghost = summary["recoveries"]
-    for recovery in (death, ghost):
-        assert 0 < recovery["detect_s"] <= recovery["resume_s"], recovery
-        assert 0 <= recovery["steps_lost"] <= every, recovery
+    for recovery in summary["recoveries"]:
         assert {recovery["node_before"], recovery["node_after"]} <= real, recovery
-
-    assert death["cause"] == "Dead"
-    assert death["detect_s"] <= DEAD_DETECT_BOUND_S, death
-    assert death["node_before"] == death["node_after"]
-    assert death["from_layer"] == "l1"
-
-    assert ghost["cause"] in GHOST_CAUSES
-    assert ghost["detect_s"] <= GHOST_DETECT_BOUND_S, ghost
-    assert ghost["node_before"] != ghost["node_after"]
-    assert ghost["from_layer"] == "backup"  # the hostPath volume both nodes reach
-    assert ghost["attempt_after"] == ghost["attempt_before"] + 1
-
-    totals = summary["totals"]
-    assert totals["excluded_nodes"] == [ghost["node_before"]]
-    assert totals["checkpoints_verified"].get("backup", 0) >= 1
     # The operator ran in-cluster, from the chart, on a real node.
     (pod,) = operator
     assert pod["spec"]["nodeName"] in real

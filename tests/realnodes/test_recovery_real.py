@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,8 @@ from realnodes.conftest import (
     RELEASE_NAMESPACE,
     RUNS_NAMESPACE,
     Trainguard,
+    apply_in_runs,
+    kubectl_json,
 )
 from trainguard.api.constants import (
     LABEL_ATTEMPT,
@@ -62,15 +63,6 @@ GHOST_MIB = 1024
 DEAD_BOUND_S = 15.0
 
 
-def _kubectl_json(cluster: Cluster, *args: str) -> Any:
-    return json.loads(cluster.kubectl(*args, "-o", "json").stdout)
-
-
-def _apply(cluster: Cluster, *objects: dict[str, Any]) -> None:
-    docs = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
-    cluster.kubectl("apply", "-n", RUNS_NAMESPACE, "-f", "-", input=json.dumps(docs))
-
-
 @pytest.fixture(scope="module")
 def shards_claim(trainguard: Trainguard, tmp_path_factory: pytest.TempPathFactory) -> str:
     """A PVC bound to a hostPath volume holding synthetic token shards: the runs' data source."""
@@ -104,18 +96,8 @@ def shards_claim(trainguard: Trainguard, tmp_path_factory: pytest.TempPathFactor
     }
     cluster = trainguard.cluster
     cluster.kubectl("delete", "pv", SHARDS_PV, "--ignore-not-found", "--wait=false")
-    _apply(cluster, volume, claim)
+    apply_in_runs(cluster, volume, claim)
     return SHARDS_CLAIM
-
-
-@pytest.fixture
-def run_name(request: pytest.FixtureRequest, trainguard: Trainguard) -> Iterator[str]:
-    """A run name for one test; the run is deleted afterwards."""
-    name = request.node.originalname.removeprefix("test_").replace("_", "-")[:40].strip("-")
-    yield name
-    trainguard.cluster.kubectl(
-        "delete", "trainingrun", name, "-n", RUNS_NAMESPACE, "--wait=false", check=False
-    )
 
 
 def _run(trainguard: Trainguard, name: str, claim: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -131,14 +113,12 @@ def _run(trainguard: Trainguard, name: str, claim: str, spec: dict[str, Any]) ->
 
 
 def _status(cluster: Cluster, name: str) -> dict[str, Any]:
-    run = _kubectl_json(cluster, "get", "trainingrun", name, "-n", RUNS_NAMESPACE)
+    run = kubectl_json(cluster, "get", "trainingrun", name, "-n", RUNS_NAMESPACE)
     return run.get("status") or {}
 
 
 def _pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    listed = _kubectl_json(
-        cluster, "get", "pods", "-n", RUNS_NAMESPACE, "-l", f"{LABEL_RUN}={name}"
-    )
+    listed = kubectl_json(cluster, "get", "pods", "-n", RUNS_NAMESPACE, "-l", f"{LABEL_RUN}={name}")
     return list(listed["items"])
 
 
@@ -151,7 +131,7 @@ def _bound(cluster: Cluster, name: str, attempt: int = 1) -> dict[str, Any] | No
 
 
 def _events(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    listed = _kubectl_json(
+    listed = kubectl_json(
         cluster, "get", "events", "-n", RUNS_NAMESPACE,
         "--field-selector", f"involvedObject.kind=TrainingRun,involvedObject.name={name}",
     )  # fmt: skip
@@ -177,7 +157,7 @@ def _exec(cluster: Cluster, pod: str, container: str, script: str) -> str:
 def _training(trainguard: Trainguard, name: str, claim: str, spec: dict[str, Any]) -> Any:
     """Apply the run; wait for its pod on a real node, two checkpoints and a Healthy verdict."""
     cluster = trainguard.cluster
-    _apply(cluster, _run(trainguard, name, claim, spec))
+    apply_in_runs(cluster, _run(trainguard, name, claim, spec))
     pod = eventually(
         lambda: _bound(cluster, name),
         timeout=60,
@@ -207,7 +187,7 @@ def test_operator_from_the_chart_is_ready_on_a_real_node_under_restricted(
     trainguard: Trainguard,
 ) -> None:
     cluster = trainguard.cluster
-    pods = _kubectl_json(cluster, "get", "pods", "-n", RELEASE_NAMESPACE)["items"]
+    pods = kubectl_json(cluster, "get", "pods", "-n", RELEASE_NAMESPACE)["items"]
     (operator,) = pods
     assert operator["spec"]["nodeName"] in {n.name for n in cluster.real_nodes.nodes()}
     ready = {c["type"]: c["status"] for c in operator["status"]["conditions"]}
@@ -319,7 +299,7 @@ def test_each_container_runs_as_its_image_user_and_reads_only_what_it_must(
     cluster = trainguard.cluster
     bucket = f"tg-{uuid.uuid4().hex[:12]}"
     real_s3.client().create_bucket(Bucket=bucket)
-    _apply(cluster, _s3_secret(real_s3))
+    apply_in_runs(cluster, _s3_secret(real_s3))
     layer = {
         "name": "s3",
         "uri": f"s3://{bucket}/{run_name}",
@@ -396,7 +376,7 @@ def _s3_run_spec(bucket: str, run_name: str, **layer: Any) -> dict[str, Any]:
 def _bucket(server: SeaweedFS, cluster: Cluster) -> str:
     bucket = f"tg-{uuid.uuid4().hex[:12]}"
     server.client().create_bucket(Bucket=bucket)
-    _apply(cluster, _s3_secret(server))
+    apply_in_runs(cluster, _s3_secret(server))
     return bucket
 
 
@@ -420,7 +400,7 @@ def _s3_steps(server: SeaweedFS, bucket: str, run_name: str) -> set[int]:
 
 
 def _taint(cluster: Cluster, node: str) -> str | None:
-    spec = _kubectl_json(cluster, "get", "node", node)["spec"]
+    spec = kubectl_json(cluster, "get", "node", node)["spec"]
     ours = [t for t in spec.get("taints") or [] if t["key"] == TAINT_UNHEALTHY]
     return ours[0]["value"] if ours else None
 
