@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from session_cluster import TEST_NODES, TEST_PROCESS_NODES
 from trainguard_dev.cluster.cluster import Cluster
-
-TEST_NODES = 3
-TEST_PROCESS_NODES = 2
 
 
 @pytest.fixture(scope="session")

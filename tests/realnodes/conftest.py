@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from conftest import TEST_NODES, TEST_PROCESS_NODES
+from session_cluster import TEST_NODES, TEST_PROCESS_NODES
 from trainguard_dev import images
 from trainguard_dev.cluster import realnode
 from trainguard_dev.cluster.cluster import Cluster
