@@ -1,10 +1,13 @@
-"""The chart installed with helm: its RBAC is minimal, and uninstall keeps CRDs and runs.
+"""The chart installed with helm, in both install modes: its permissions are minimal.
 
-The release is installed for real into its own namespace. Its operator pod is pinned to a
-node that does not exist, so it stays Pending: these tests judge the identity the chart
-creates, not a running operator. The table asks the apiserver (`kubectl auth can-i --as`)
-what the chart's ServiceAccount may do; a second set of requests uses the account's own
-token, so authentication and the RBAC escalation check of Role creation are real too.
+A release is installed for real into its own namespace, once watching every namespace
+(cluster-wide) and once watching one namespace (`operator.watchNamespaces`). Its operator
+pod is pinned to a node that does not exist, so it stays Pending: these tests judge the
+identity the chart creates, not a running operator. The RBAC table asks the apiserver
+(`kubectl auth can-i --as`) what the chart's ServiceAccount may do; the admission table sends
+real requests (server-side dry runs) with the account's own token, so authentication, RBAC
+and the chart's admission policies all answer; the heartbeat test writes a run's Lease as
+the run's agent, the operator, a tenant and another run's agent.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import subprocess
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +25,10 @@ import yaml
 
 from chart import Obj, Release, helm, install, token_kubeconfig, uninstall
 from trainguard.api.constants import CRD_NAME
+from trainguard.contract.env import lease_name
+from trainguard.operator.build.names import rbac_name
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.demo import env as demo_env
 from trainguard_dev.testing.runs import training_run
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.timeout(300)]
@@ -30,11 +37,36 @@ pytestmark = [pytest.mark.apiserver, pytest.mark.timeout(300)]
 OTHER = "kube-system"
 
 
-@pytest.fixture(scope="module")
-def release(cluster: Cluster) -> Iterator[Release]:
-    installed = install(cluster)
-    yield installed
+CLUSTER_WIDE = "cluster-wide"
+NAMESPACED = "namespaced"
+
+
+@dataclass(frozen=True)
+class Install:
+    """A release in one mode, and the namespace its runs live in (watched in namespaced mode)."""
+
+    mode: str
+    release: Release
+    runs: str
+
+    def format(self, action: str) -> str:
+        return action.format(ns=self.release.namespace, runs=self.runs)
+
+
+@pytest.fixture(scope="module", params=[CLUSTER_WIDE, NAMESPACED])
+def install_mode(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Install]:
+    runs = f"runs-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", runs)
+    values = {"operator": {"watchNamespaces": [runs]}} if request.param == NAMESPACED else {}
+    installed = install(cluster, values)
+    yield Install(request.param, installed, runs)
     uninstall(cluster, installed)
+    cluster.kubectl("delete", "namespace", runs, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def release(install_mode: Install) -> Release:
+    return install_mode.release
 
 
 @pytest.fixture(scope="module")
@@ -44,23 +76,26 @@ def operator_kubeconfig(cluster: Cluster, release: Release, tmp_path_factory: An
 
 
 def can_i(cluster: Cluster, release: Release, *args: str) -> bool:
-    """Whether the apiserver lets the chart's ServiceAccount do this."""
+    """Whether the apiserver's RBAC lets the chart's ServiceAccount do this."""
     result = cluster.kubectl("auth", "can-i", *args, f"--as={release.user}", check=False)
     answer = result.stdout.strip()
     assert answer in ("yes", "no"), result.stderr
     return answer == "yes"
 
 
-# (what, kubectl auth can-i arguments; "{ns}" is the release's namespace). Outside the
-# operator's job: credentials, other workloads, nodes' existence, RBAC escalation, acting
-# as someone else, the user's runs and volumes.
+# (what, kubectl auth can-i arguments). "{ns}" is the release's namespace, "{runs}" the
+# namespace of the runs. Outside the operator's job: credentials, other workloads, nodes'
+# existence, RBAC escalation, acting as someone else, the user's runs and volumes.
 DENIED = [
     ("read Secrets in another namespace", "get secrets -n " + OTHER),
     ("list Secrets cluster-wide", "list secrets --all-namespaces"),
     ("read Secrets in its own namespace", "get secrets -n {ns}"),
+    ("read Secrets where runs are", "get secrets -n {runs}"),
     ("read ConfigMaps in another namespace", "get configmaps -n " + OTHER),
     ("delete nodes", "delete nodes"),
     ("create nodes", "create nodes"),
+    ("update nodes (only patch, for taints)", "update nodes"),
+    ("change a node's status", "patch nodes --subresource=status"),
     ("create Deployments", "create deployments.apps -n {ns}"),
     ("modify Deployments of others", "patch deployments.apps -n " + OTHER),
     ("delete DaemonSets of others", "delete daemonsets.apps -n " + OTHER),
@@ -70,43 +105,81 @@ DENIED = [
     ("bind ClusterRoles", "create clusterrolebindings.rbac.authorization.k8s.io"),
     ("escalate Roles", "escalate roles.rbac.authorization.k8s.io -n {ns}"),
     ("impersonate users", "impersonate users"),
-    ("exec into pods", "create pods --subresource=exec -n {ns}"),
-    ("mint tokens for other ServiceAccounts", "create serviceaccounts --subresource=token -n {ns}"),
-    ("delete TrainingRuns", "delete trainingruns.trainguard.dev -n {ns}"),
-    ("update TrainingRuns (their spec)", "update trainingruns.trainguard.dev -n {ns}"),
+    ("exec into pods", "create pods --subresource=exec -n {runs}"),
+    ("evict pods", "create pods --subresource=eviction -n {runs}"),
+    (
+        "mint tokens for other ServiceAccounts",
+        "create serviceaccounts --subresource=token -n {runs}",
+    ),
+    ("delete TrainingRuns", "delete trainingruns.trainguard.dev -n {runs}"),
+    ("update TrainingRuns (their spec)", "update trainingruns.trainguard.dev -n {runs}"),
     ("change the CRD", "update customresourcedefinitions.apiextensions.k8s.io"),
-    ("delete PersistentVolumeClaims", "delete persistentvolumeclaims -n {ns}"),
+    (
+        "change admission policies",
+        "delete validatingadmissionpolicies.admissionregistration.k8s.io",
+    ),
+    ("delete PersistentVolumeClaims", "delete persistentvolumeclaims -n {runs}"),
     ("delete PersistentVolumes", "delete persistentvolumes"),
     ("delete namespaces", "delete namespaces"),
-    (
-        "delete all pods at once",
-        "deletecollection pods -n {ns}",
-    ),
+    ("delete all pods at once", "deletecollection pods -n {runs}"),
 ]
-# What the operator does, from templates/rbac/.
+# What the operator does, from templates/rbac/, in the namespaces it watches.
 ALLOWED = [
-    ("watch TrainingRuns everywhere", "watch trainingruns.trainguard.dev --all-namespaces"),
-    ("write a run's status", "patch trainingruns.trainguard.dev --subresource=status -n {ns}"),
-    ("create training pods", "create pods -n {ns}"),
-    ("delete superseded pods", "delete pods -n {ns}"),
-    ("apply the heartbeat Lease", "patch leases.coordination.k8s.io -n {ns}"),
-    ("apply the agent's Role", "create roles.rbac.authorization.k8s.io -n {ns}"),
-    ("send Events", "create events -n {ns}"),
-    ("list a pod's FailedMount Events", "list events -n {ns}"),
+    ("watch TrainingRuns where runs are", "watch trainingruns.trainguard.dev -n {runs}"),
+    ("write a run's status", "patch trainingruns.trainguard.dev --subresource=status -n {runs}"),
+    ("create training pods", "create pods -n {runs}"),
+    ("delete superseded pods", "delete pods -n {runs}"),
+    ("apply the heartbeat Lease", "patch leases.coordination.k8s.io -n {runs}"),
+    ("apply the agent's Role", "create roles.rbac.authorization.k8s.io -n {runs}"),
+    ("send Events", "create events -n {runs}"),
+    ("list a pod's FailedMount Events", "list events -n {runs}"),
     ("taint nodes", "patch nodes"),
     ("read a hot-path PersistentVolume", "get persistentvolumes"),
     ("watch CRDs (kopf)", "watch customresourcedefinitions.apiextensions.k8s.io"),
 ]
+# Where the modes differ: (what, action, cluster-wide, namespaced). A namespaced install holds
+# Roles in its watched namespaces only; a cluster-wide one is granted every namespace by RBAC
+# (its writes in the system namespaces are refused by admission: the next table).
+BY_MODE = [
+    ("watch TrainingRuns everywhere", "watch trainingruns.trainguard.dev -A", True, False),
+    ("create pods outside the watched namespaces", "create pods -n {ns}", True, False),
+    (
+        "write Leases outside the watched namespaces",
+        "patch leases.coordination.k8s.io -n {ns}",
+        True,
+        False,
+    ),
+    ("watch namespaces (kopf, namespaced mode)", "watch namespaces", False, True),
+]
 
 
 @pytest.mark.parametrize(("what", "action"), DENIED, ids=[row[0] for row in DENIED])
-def test_denied_outside_its_job(cluster: Cluster, release: Release, what: str, action: str) -> None:
-    assert not can_i(cluster, release, *action.format(ns=release.namespace).split()), what
+def test_denied_outside_its_job(
+    cluster: Cluster, install_mode: Install, what: str, action: str
+) -> None:
+    assert not can_i(cluster, install_mode.release, *install_mode.format(action).split()), what
 
 
 @pytest.mark.parametrize(("what", "action"), ALLOWED, ids=[row[0] for row in ALLOWED])
-def test_allowed_for_its_job(cluster: Cluster, release: Release, what: str, action: str) -> None:
-    assert can_i(cluster, release, *action.format(ns=release.namespace).split()), what
+def test_allowed_for_its_job(
+    cluster: Cluster, install_mode: Install, what: str, action: str
+) -> None:
+    assert can_i(cluster, install_mode.release, *install_mode.format(action).split()), what
+
+
+@pytest.mark.parametrize(
+    ("what", "action", "cluster_wide", "namespaced"), BY_MODE, ids=[row[0] for row in BY_MODE]
+)
+def test_permissions_follow_the_install_mode(
+    cluster: Cluster,
+    install_mode: Install,
+    what: str,
+    action: str,
+    cluster_wide: bool,
+    namespaced: bool,
+) -> None:
+    expected = cluster_wide if install_mode.mode == CLUSTER_WIDE else namespaced
+    assert can_i(cluster, install_mode.release, *install_mode.format(action).split()) is expected
 
 
 def as_operator(
@@ -137,8 +210,9 @@ def agent_role(namespace: str, rules: list[dict[str, Any]]) -> Obj:
 
 
 def test_token_is_refused_secrets_nodes_and_workloads(
-    cluster: Cluster, release: Release, operator_kubeconfig: Path
+    cluster: Cluster, install_mode: Install, operator_kubeconfig: Path
 ) -> None:
+    release = install_mode.release
     node = cluster.kubectl("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}").stdout
     dry = "--dry-run=server"
     assert forbidden(as_operator(cluster, operator_kubeconfig, "get", "secrets", "-n", OTHER))
@@ -146,12 +220,14 @@ def test_token_is_refused_secrets_nodes_and_workloads(
     deploy = ["create", "deployment", "x", "--image=busybox", "-n", release.namespace, dry]
     assert forbidden(as_operator(cluster, operator_kubeconfig, *deploy))
     # ... while what it needs works with the same token.
-    listed = as_operator(cluster, operator_kubeconfig, "get", "trainingruns", "-A")
+    listed = as_operator(
+        cluster, operator_kubeconfig, "get", "trainingruns", "-n", install_mode.runs
+    )
     assert listed.returncode == 0, listed.stderr
 
 
 def test_token_can_grant_the_agent_its_role_but_nothing_more(
-    cluster: Cluster, release: Release, operator_kubeconfig: Path
+    cluster: Cluster, install_mode: Install, operator_kubeconfig: Path
 ) -> None:
     lease = {
         "apiGroups": ["coordination.k8s.io"],
@@ -162,30 +238,137 @@ def test_token_can_grant_the_agent_its_role_but_nothing_more(
     events = {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create"]}
     create = ["create", "--dry-run=server", "-f", "-"]
     granted = as_operator(
-        cluster, operator_kubeconfig, *create, body=agent_role(release.namespace, [lease, events])
+        cluster, operator_kubeconfig, *create, body=agent_role(install_mode.runs, [lease, events])
     )
     assert granted.returncode == 0, granted.stderr
     # RBAC's escalation check: a Role granting what the operator lacks is refused.
     secrets = {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
     escalated = as_operator(
-        cluster, operator_kubeconfig, *create, body=agent_role(release.namespace, [secrets])
+        cluster, operator_kubeconfig, *create, body=agent_role(install_mode.runs, [secrets])
     )
     assert forbidden(escalated)
     assert "permissions not currently held" in escalated.stderr
 
 
-def test_watched_namespaces_limit_the_run_permissions(cluster: Cluster, namespace: str) -> None:
-    scoped = install(cluster, {"operator": {"watchNamespaces": [namespace]}})
-    try:
-        assert can_i(cluster, scoped, "create", "pods", "-n", namespace)
-        assert not can_i(cluster, scoped, "create", "pods", "-n", OTHER)
-        assert not can_i(cluster, scoped, "list", "trainingruns.trainguard.dev", "-A")
-        assert can_i(cluster, scoped, "list", "trainingruns.trainguard.dev", "-n", namespace)
-        # Cluster-scoped needs stay: nodes for taints, namespaces for kopf.
-        assert can_i(cluster, scoped, "patch", "nodes")
-        assert can_i(cluster, scoped, "watch", "namespaces")
-    finally:
-        uninstall(cluster, scoped)
+def pod(name: str) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+
+
+def lease(name: str, annotations: dict[str, str] | None = None) -> Obj:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {"holderIdentity": "someone"},
+    }
+
+
+# Real requests with the operator's token (server-side dry runs: admitted, never stored):
+# (what, namespace, object, allowed cluster-wide, allowed namespaced). "{runs}" and "{ns}" as
+# above. Refused in the system namespaces by admission (cluster-wide) or RBAC (namespaced).
+REQUESTS = [
+    ("create a pod where runs are", "{runs}", pod("p"), True, True),
+    ("create a heartbeat Lease where runs are", "{runs}", lease("r-heartbeat"), True, True),
+    ("create a pod in kube-system", OTHER, pod("p"), False, False),
+    ("create a Lease in kube-system", OTHER, lease("l"), False, False),
+    ("create a pod in kube-public", "kube-public", pod("p"), False, False),
+    ("create a pod in its own namespace (not watched)", "{ns}", pod("p"), True, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "namespace", "obj", "cluster_wide", "namespaced"),
+    REQUESTS,
+    ids=[row[0] for row in REQUESTS],
+)
+def test_requests_with_the_operators_token(
+    cluster: Cluster,
+    install_mode: Install,
+    operator_kubeconfig: Path,
+    what: str,
+    namespace: str,
+    obj: Obj,
+    cluster_wide: bool,
+    namespaced: bool,
+) -> None:
+    expected = cluster_wide if install_mode.mode == CLUSTER_WIDE else namespaced
+    target = install_mode.format(namespace)
+    result = as_operator(
+        cluster, operator_kubeconfig, "create", "--dry-run=server", "-n", target, "-f", "-",
+        body=obj,
+    )  # fmt: skip
+    if expected:
+        assert result.returncode == 0, f"{what}: {result.stderr}"
+    else:
+        assert forbidden(result), f"{what}: {result.returncode} {result.stderr}"
+
+
+def test_tainting_a_node_is_admitted(
+    cluster: Cluster, install_mode: Install, operator_kubeconfig: Path
+) -> None:
+    node = cluster.kubectl("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}").stdout
+    patch = json.dumps({"metadata": {"annotations": {"trainguard.dev/probe": "x"}}})
+    result = as_operator(
+        cluster, operator_kubeconfig, "patch", "node", node, "--dry-run=server", "-p", patch
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def account_kubeconfig(
+    cluster: Cluster, namespace: str, account: str, rules: list[Obj], directory: Path
+) -> Path:
+    """A ServiceAccount with a Role of these rules in `namespace`; its token kubeconfig."""
+    cluster.kubectl("create", "serviceaccount", account, "-n", namespace)
+    role = {**agent_role(namespace, rules), "metadata": {"name": account, "namespace": namespace}}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(role))
+    cluster.kubectl(
+        "create", "rolebinding", account, "-n", namespace, f"--role={account}",
+        f"--serviceaccount={namespace}:{account}",
+    )  # fmt: skip
+    return demo_env.token_kubeconfig(cluster, namespace, account, directory / account)
+
+
+def test_only_the_runs_agent_and_the_operator_write_its_heartbeat(
+    cluster: Cluster, install_mode: Install, operator_kubeconfig: Path, tmp_path: Path
+) -> None:
+    namespace, run = install_mode.runs, f"r{uuid.uuid4().hex[:6]}"
+    heartbeat = lease_name(run)
+    leases = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}]
+    # The run's agent: its ServiceAccount is named as the operator names it.
+    agent = account_kubeconfig(cluster, namespace, rbac_name(run), leases, tmp_path)
+    # A tenant of the namespace allowed to write every Lease, and another run's agent.
+    tenant = account_kubeconfig(cluster, namespace, "tenant", leases, tmp_path)
+    other = account_kubeconfig(cluster, namespace, rbac_name(f"{run}x"), leases, tmp_path)
+
+    created = as_operator(
+        cluster, operator_kubeconfig, "create", "-n", namespace, "-f", "-", body=lease(heartbeat)
+    )
+    assert created.returncode == 0, created.stderr
+    forged = json.dumps({"metadata": {"annotations": {"trainguard.dev/verdict": "GhostMemory"}}})
+    for who in (tenant, other):
+        refused = as_operator(
+            cluster, who, "patch", "lease", heartbeat, "-n", namespace, "-p", forged
+        )
+        assert forbidden(refused), refused.stderr
+        assert f"only the agent of run {run}" in refused.stderr
+    # The admin of the cluster (the tests' own identity) is refused too: only the agent's word.
+    admin = cluster.kubectl("patch", "lease", heartbeat, "-n", namespace, "-p", forged, check=False)
+    assert admin.returncode != 0 and "only the agent of run" in admin.stderr
+    written = cluster.kubectl("get", "lease", heartbeat, "-n", namespace, "-o", "json").stdout
+    assert "GhostMemory" not in written
+    renewed = json.dumps({"metadata": {"annotations": {"trainguard.dev/verdict": "Healthy"}}})
+    accepted = as_operator(
+        cluster, agent, "patch", "lease", heartbeat, "-n", namespace, "-p", renewed
+    )
+    assert accepted.returncode == 0, accepted.stderr
+    # Other Leases in the namespace are the tenant's business.
+    own = as_operator(cluster, tenant, "create", "-n", namespace, "-f", "-", body=lease("mine"))
+    assert own.returncode == 0, own.stderr
 
 
 def test_uninstall_keeps_the_crd_and_the_runs(cluster: Cluster, namespace: str) -> None:

@@ -29,6 +29,8 @@ from realnodes.conftest import (
     kubectl_json,
 )
 from trainguard.api.constants import (
+    ANNOTATION_EVIDENCE,
+    ANNOTATION_VERDICT,
     LABEL_ATTEMPT,
     LABEL_RUN,
     SECRET_KEY_S3_ACCESS_KEY_ID,
@@ -337,6 +339,72 @@ def test_each_container_runs_as_its_image_user_and_reads_only_what_it_must(
     assert agent["secret"] == len(S3_SECRET_KEY)  # its credentials, through the group
     assert trainer["secret"] == "FileNotFoundError"  # never mounted into the trainer
     assert isinstance(agent["manifest"], int) and isinstance(trainer["manifest"], int)
+
+
+# Run in the trainer's container as its user, as the user's training code could: look for
+# Kubernetes credentials everywhere that container can read (its own mounts and environment,
+# every visible process's environment and root, the pod shares one process namespace), then
+# write a GhostMemory verdict into the run's heartbeat Lease with each one found, and
+# anonymously. Prints what it found and the apiserver's answers.
+FORGE = """
+import json, os, pathlib, ssl, urllib.error, urllib.request
+token_file = '/var/run/secrets/kubernetes.io/serviceaccount/token'
+places = [token_file]
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    places += [f'/proc/{pid}/root' + token_file, f'/proc/{pid}/environ']
+tokens, refused = [], {}
+for place in places:
+    try:
+        data = pathlib.Path(place).read_bytes()
+    except OSError as err:
+        refused[type(err).__name__] = refused.get(type(err).__name__, 0) + 1
+        continue
+    if place.endswith('token'):
+        tokens.append(data.decode().strip())
+    elif b'KUBECONFIG=' in data:
+        tokens.append('kubeconfig in ' + place)
+lease = os.environ['TRAINGUARD_LEASE_NAME']
+url = ('https://' + os.environ['KUBERNETES_SERVICE_HOST'] + ':'
+       + os.environ['KUBERNETES_SERVICE_PORT'] + '/apis/coordination.k8s.io/v1/namespaces/'
+       + os.environ['TRAINGUARD_NAMESPACE'] + '/leases/' + lease)
+body = json.dumps({'metadata': {'annotations': {'VERDICT_KEY': 'GhostMemory',
+    'EVIDENCE_KEY': 'forged by the trainer'}}}).encode()
+answers = []
+for token in [None, *tokens]:
+    headers = {'Content-Type': 'application/merge-patch+json'}
+    if token:
+        headers['Authorization'] = 'Bearer ' + token
+    request = urllib.request.Request(url, data=body, method='PATCH', headers=headers)
+    try:
+        urllib.request.urlopen(request, context=ssl._create_unverified_context(), timeout=5)
+        answers.append(200)
+    except urllib.error.HTTPError as err:
+        answers.append(err.code)
+print(json.dumps({'tokens': len(tokens), 'answers': answers, 'refused': refused}))
+""".replace("VERDICT_KEY", ANNOTATION_VERDICT).replace("EVIDENCE_KEY", ANNOTATION_EVIDENCE)
+
+
+def test_a_trainer_forging_a_verdict_finds_no_credentials_and_changes_nothing(
+    trainguard: Trainguard, shards_claim: str, run_name: str
+) -> None:
+    cluster = trainguard.cluster
+    spec = {"monitor": {"startupGraceSeconds": 5, "intervalSeconds": 2}}
+    pod, node, _state_dir = _training(trainguard, run_name, shards_claim, spec)
+    report = json.loads(_exec(cluster, pod["metadata"]["name"], "trainer", FORGE))
+    assert report["tokens"] == 0, report  # nothing in its mounts, env, or others' /proc
+    # The agent's /proc entries and root are refused (another user, and non-dumpable).
+    assert report["refused"].get("PermissionError", 0) >= 2, report
+    assert report["answers"] and all(code in (401, 403) for code in report["answers"]), report
+    # A few agent intervals later: the run's own agent still reports, nothing excluded or tainted.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        status = _status(cluster, run_name)
+        assert status.get("verdict") == "Healthy", status
+        assert not status.get("excludedNodes"), status
+        assert _taint(cluster, node.name) is None
+        time.sleep(1)
+    assert [p["metadata"]["name"] for p in _pods(cluster, run_name)] == [pod["metadata"]["name"]]
+    print(f"forged verdict from the trainer: {report}")
 
 
 def _s3_secret(server: SeaweedFS) -> dict[str, Any]:

@@ -40,9 +40,13 @@ CONTRACT = {
 RESTRICTED = {
     "allowPrivilegeEscalation": False,
     "runAsNonRoot": True,
+    "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+# The trainer runs the user's code, which may write caches under its home directory.
+RESTRICTED_TRAINER = {**RESTRICTED, "readOnlyRootFilesystem": False}
+API_ACCESS = "/var/run/secrets/kubernetes.io/serviceaccount"
 BACKUP_LAYER = {
     "name": "backup",
     "uri": "file:///mnt/backup/llm",
@@ -95,6 +99,7 @@ def test_minimal_pod_field_by_field() -> None:
         }
     ]
     assert spec["serviceAccountName"] == "llm-trainguard"
+    assert spec["automountServiceAccountToken"] is False
     assert spec["restartPolicy"] == "Never"
     assert spec["shareProcessNamespace"] is True
     assert spec["terminationGracePeriodSeconds"] == 120
@@ -133,12 +138,63 @@ def test_minimal_pod_field_by_field() -> None:
         "l1": {"name": "l1", "emptyDir": {"sizeLimit": "45777Mi"}},
         "state": {"name": "state", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
         "logs": {"name": "logs", "emptyDir": {"sizeLimit": "2048Mi"}},
+        "tmp": {"name": "tmp", "emptyDir": {"sizeLimit": "128Mi"}},
+        "api-access": {
+            "name": "api-access",
+            "projected": {
+                "defaultMode": 0o440,
+                "sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                    {
+                        "configMap": {
+                            "name": "kube-root-ca.crt",
+                            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                        }
+                    },
+                    {
+                        "downwardAPI": {
+                            "items": [
+                                {
+                                    "path": "namespace",
+                                    "fieldRef": {"fieldPath": "metadata.namespace"},
+                                }
+                            ]
+                        }
+                    },
+                ],
+            },
+        },
     }
 
 
 def test_every_container_is_restricted() -> None:
-    for container in containers(pod()).values():
-        assert container["securityContext"] == RESTRICTED, container["name"]
+    every = pod(
+        {"data": {"source": {"uri": "s3://shards/x"}}, "checkpoints": {"remote": [BACKUP_LAYER]}}
+    )
+    for name, container in containers(every).items():
+        expected = RESTRICTED_TRAINER if name == "trainer" else RESTRICTED
+        assert container["securityContext"] == expected, name
+        if name != "trainer":
+            # Read-only root: the companions' scratch space is a volume of the pod.
+            assert mounts(container)["/tmp"] == {"name": "tmp", "mountPath": "/tmp"}, name
+
+
+def test_only_the_agent_holds_the_api_token() -> None:
+    every = pod(
+        {"data": {"source": {"uri": "s3://shards/x"}}, "checkpoints": {"remote": [BACKUP_LAYER]}}
+    )
+    assert every["spec"]["automountServiceAccountToken"] is False
+    holders = {
+        name
+        for name, container in containers(every).items()
+        if any(m["name"] == "api-access" for m in container["volumeMounts"])
+    }
+    assert holders == {"agent"}
+    assert mounts(containers(every)["agent"])[API_ACCESS] == {
+        "name": "api-access",
+        "mountPath": API_ACCESS,
+        "readOnly": True,
+    }
 
 
 def test_every_container_gets_the_whole_env_contract() -> None:
@@ -251,6 +307,7 @@ def test_staging_from_a_pvc_copies_it_to_a_local_volume() -> None:
         "/trainguard/data": {"name": "data", "mountPath": "/trainguard/data"},
         # Its progress report goes to the agent through the state volume.
         "/trainguard/state": {"name": "state", "mountPath": "/trainguard/state"},
+        "/tmp": {"name": "tmp", "mountPath": "/tmp"},
         "/trainguard/source": {
             "name": "data-source",
             "mountPath": "/trainguard/source",
@@ -495,7 +552,7 @@ def test_py_spy_grants_ptrace_to_the_agent_only() -> None:
         "drop": ["ALL"],
         "add": ["SYS_PTRACE"],
     }
-    assert by_name["trainer"]["securityContext"] == RESTRICTED
+    assert by_name["trainer"]["securityContext"] == RESTRICTED_TRAINER
 
 
 def test_args_and_working_dir_reach_the_trainer() -> None:

@@ -18,6 +18,8 @@ from run_factory import make_run
 
 from chart import CHART, Obj, find, helm, only, render, render_text
 from trainguard.api.constants import CRD_NAME
+from trainguard.contract.env import lease_name
+from trainguard.operator.build.names import rbac_name
 from trainguard.operator.build.role import role
 from trainguard_dev.crdgen import CRD_FILE
 
@@ -224,11 +226,46 @@ def test_optional_objects_only_when_enabled(default: list[Obj]) -> None:
         "ClusterRoleBinding",
         "Deployment",
         "Service",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
     everything = {o["kind"] for o in render(RELEASE, NAMESPACE, EVERYTHING)}
     assert {"ServiceMonitor", "NetworkPolicy", "ConfigMap"} <= everything
-    bare = render(RELEASE, NAMESPACE, {"metrics": {"enabled": False}, "rbac": {"create": False}})
+    off = {"create": False, "admissionPolicies": False}
+    bare = render(RELEASE, NAMESPACE, {"metrics": {"enabled": False}, "rbac": off})
     assert {o["kind"] for o in bare} == {"ServiceAccount", "Deployment"}
+
+
+def test_heartbeat_policy_names_the_runs_agent_as_the_operator_names_it(default: list[Obj]) -> None:
+    policy = only(default, "ValidatingAdmissionPolicy", f"{FULLNAME}-heartbeats")
+    text = json.dumps(policy["spec"])
+    # The names the operator gives a run's Lease and its agent's ServiceAccount.
+    assert f"endsWith('{lease_name('')}')" in text
+    assert f"'{rbac_name('')}'" in text
+    operator = f"system:serviceaccount:{NAMESPACE}:{FULLNAME}"
+    assert f"'{operator}'" in text
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert "namespaceSelector" not in policy["spec"]["matchConstraints"]  # every namespace
+    binding = only(default, "ValidatingAdmissionPolicyBinding", f"{FULLNAME}-heartbeats")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    system = only(default, "ValidatingAdmissionPolicy", f"{FULLNAME}-system-namespaces")
+    selector = system["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]
+    assert selector["values"] == ["kube-system", "kube-public", "kube-node-lease"]
+    # Namespaced objects only: tainting nodes (cluster-scoped) stays admitted.
+    assert system["spec"]["matchConstraints"]["resourceRules"][0]["scope"] == "Namespaced"
+
+
+def test_namespaced_mode_guards_the_watched_namespaces_only() -> None:
+    objects = render(RELEASE, NAMESPACE, NAMESPACED)
+    policy = only(objects, "ValidatingAdmissionPolicy", f"{FULLNAME}-heartbeats")
+    selector = policy["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]
+    assert selector == {
+        "key": "kubernetes.io/metadata.name",
+        "operator": "In",
+        "values": ["team-a", "team-b"],
+    }
+    # RBAC alone keeps a namespaced operator out of the system namespaces.
+    assert not find(objects, "ValidatingAdmissionPolicy", f"{FULLNAME}-system-namespaces")
 
 
 def test_network_policy_needs_apiserver_addresses() -> None:

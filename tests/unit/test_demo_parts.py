@@ -60,13 +60,24 @@ def test_the_operator_identity_is_the_charts_rbac_for_the_demo_namespace() -> No
     helm = ensure_binaries(default_home()) / "helm"
     objects = demo_env.chart_rbac(REPO, helm, "ns-watched")
     kinds = sorted({o["kind"] for o in objects})
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "RoleBinding", "ServiceAccount"]
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "RoleBinding",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
     (account,) = [o for o in objects if o["kind"] == "ServiceAccount"]
     assert account["metadata"]["namespace"] == demo_env.OPERATOR_NAMESPACE
     bindings = [o for o in objects if o["kind"] == "RoleBinding"]
     # Run permissions only in the watched namespace, for the chart's ServiceAccount.
     assert [b["metadata"]["namespace"] for b in bindings] == ["ns-watched"]
     assert bindings[0]["subjects"][0]["name"] == account["metadata"]["name"]
+    # The run's heartbeat Leases: the agent's and the operator's to write, in that namespace.
+    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    selector = policy["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]
+    assert selector["values"] == ["ns-watched"]
 
 
 def test_progress_line_reads_the_heartbeat_and_the_layers() -> None:

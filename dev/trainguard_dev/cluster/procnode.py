@@ -24,7 +24,12 @@ How a container is mapped onto a process (the images are not used):
 - a mount path at the start of an env value, an argument or the working dir is rewritten to
   the volume's directory (processes share this machine's file system, not a mount namespace);
 - the service-account credentials become a kubeconfig (``KUBECONFIG``) holding a token from
-  the TokenRequest API for the pod's service account, so RBAC applies as in a cluster;
+  the TokenRequest API for the pod's service account, so RBAC applies as in a cluster: in
+  every container when the pod automounts its token, else only in the containers that mount
+  a ``projected`` volume with a ``serviceAccountToken`` source (as a kubelet mounts the token
+  into those containers alone). Processes of one user on one file system are not isolated
+  from each other: where a pod's containers must not reach each other's credentials, only a
+  real node shows it (tests/realnodes);
 - termination messages: each container gets a file of its own, named to the process by
   ``TRAINGUARD_TERMINATION_LOG`` (there is no per-container ``/dev/termination-log`` or
   ``terminationMessagePath`` without a mount namespace); what the process leaves in it (at
@@ -195,6 +200,15 @@ class Container:
         }
 
 
+def _projects_token(obj: dict[str, Any], volume: str) -> bool:
+    """Whether the pod's volume is a projected one with a service-account token source."""
+    for item in obj["spec"].get("volumes", []):
+        if item["name"] == volume and "projected" in item:
+            sources = item["projected"].get("sources") or []
+            return any("serviceAccountToken" in source for source in sources)
+    return False
+
+
 @dataclass
 class Pod:
     """A pod this runtime runs, with its directory and containers."""
@@ -204,6 +218,8 @@ class Pod:
     mounts: dict[str, Path]
     env: dict[str, str]
     containers: list[Container]
+    # Per volume holding a projected service-account token: the kubeconfig made from it.
+    kubeconfigs: dict[str, Path] = field(default_factory=dict)
     started_at: str = field(default_factory=_now)
     phase: str = "Pending"
     last_status: dict[str, Any] | None = None
@@ -406,7 +422,13 @@ class NodeRuntime:
             Container(c, init=True, sidecar=c.get("restartPolicy") == "Always")
             for c in obj["spec"].get("initContainers", [])
         ] + [Container(c, init=False, sidecar=False) for c in obj["spec"].get("containers", [])]
-        return Pod(obj, directory, mounts, env, containers)
+        kubeconfigs = {
+            name: config
+            for name, path in mounts.items()
+            if _projects_token(obj, name)
+            and (config := self._service_account_kubeconfig(obj, path)) is not None
+        }
+        return Pod(obj, directory, mounts, env, containers, kubeconfigs)
 
     def _volumes(self, node: str, obj: dict[str, Any], directory: Path) -> dict[str, Path]:
         namespace = obj["metadata"]["namespace"]
@@ -520,6 +542,9 @@ class NodeRuntime:
 
     def _container_env(self, pod: Pod, container: dict[str, Any]) -> dict[str, str]:
         env = dict(pod.env)
+        for mount in container.get("volumeMounts", []):
+            if mount["name"] in pod.kubeconfigs:
+                env["KUBECONFIG"] = str(pod.kubeconfigs[mount["name"]])
         for item in container.get("env", []):
             value = item.get("value")
             source = item.get("valueFrom")

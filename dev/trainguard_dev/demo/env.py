@@ -29,7 +29,17 @@ Obj = dict[str, Any]
 
 RELEASE = "trainguard"
 OPERATOR_NAMESPACE = "trainguard-system"
-RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+# The chart's identity for the operator: its account, RBAC and the admission policies that
+# keep each run's heartbeat Lease to the run's own agent.
+RBAC_KINDS = (
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+)
 FIELD_MANAGER = "trainguard-demo"
 TOKEN_DURATION = "24h"
 # The operator re-reads every run this often: short, so the demo never waits on a resync.
@@ -69,7 +79,7 @@ def ensure_namespace(cluster: Cluster, name: str) -> None:
 
 
 def chart_rbac(repo: Path, helm: Path, watch_namespace: str) -> list[Obj]:
-    """The chart's ServiceAccount and RBAC for an operator watching one namespace."""
+    """The chart's account, RBAC and admission policies for an operator watching one namespace."""
     if not helm.exists():
         raise ClusterError(f"helm is missing in {helm.parent}; run ./hack/setup.sh first")
     values = {"operator": {"watchNamespaces": [watch_namespace]}}

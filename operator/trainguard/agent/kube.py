@@ -3,11 +3,19 @@
 This is all the agent's Role allows (get/update its own Lease, create Events), so it is all
 this client does. Credentials: in-cluster service account, or ``KUBECONFIG`` where set (the
 local process-backed nodes hand each pod a token kubeconfig).
+
+The agent's container alone holds the token (the pod builder mounts it there and nowhere
+else), and the agent makes itself non-dumpable (`keep_credentials_private`): the trainer,
+whose processes it shares a process namespace with, cannot read its memory, environment or
+root (`/proc/<pid>/root/...`) to find the token, even when the trainer's image runs as the
+agent's user.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -15,6 +23,18 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 EVENT_MESSAGE_LIMIT = 1000  # Event messages stay under 1 KiB
+PR_SET_DUMPABLE = 4  # prctl(2)
+
+
+def keep_credentials_private() -> bool:
+    """Make this process non-dumpable: its /proc entries become root's, ptrace is refused.
+
+    False where the kernel call is not available (not Linux); the agent then still runs.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
 
 
 class AgentApiError(RuntimeError):

@@ -287,7 +287,10 @@ def main(argv: list[str]) -> int:
     parser.parse_args(argv)
     share_with_pod()
     environ = dict(os.environ)
-    from trainguard.agent.kube import AgentApiError, AgentClient, RunRef
+    from trainguard.agent.kube import AgentApiError, AgentClient, RunRef, keep_credentials_private
+
+    if not keep_credentials_private():
+        log("could not make the agent non-dumpable: same-user processes may read its token")
 
     pod = PodEnv.from_env(environ)
     run = RunRef(

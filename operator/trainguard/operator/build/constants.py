@@ -41,6 +41,8 @@ class Volume:
     L1 = "l1"
     STATE = "state"
     LOGS = "logs"
+    API_ACCESS = "api-access"
+    TMP = "tmp"
 
 
 REMOTE_VOLUME_PREFIX = "remote-"
@@ -50,6 +52,14 @@ CREDENTIALS_VOLUME_PREFIX = "credentials-"
 LOG_DIR = "/trainguard/logs"
 DATA_SOURCE_DIR = "/trainguard/source"
 CREDENTIALS_DIR = "/trainguard/credentials"
+# Where in-cluster clients look for the service account's token and the cluster's CA: the
+# agent's container alone mounts them there (the pod does not automount its token).
+API_ACCESS_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# The agent's token is rotated by the kubelet; the client rereads the file (an hour, as the
+# kubelet's own automounted token).
+API_TOKEN_SECONDS = 3607
+# The companion containers' root file systems are read-only; this is their scratch space.
+TMP_DIR = "/tmp"
 
 
 # Sizing. A full checkpoint holds weights, gradients' master copy and two Adam moments:
@@ -61,6 +71,7 @@ LOG_VOLUME_BYTES = 2 * 2**30
 MARGIN_FIXED_BYTES = 1 * 2**30
 MARGIN_FRACTION = 0.05
 STATE_VOLUME_BYTES = 64 * 2**20
+TMP_VOLUME_BYTES = 128 * 2**20
 
 # Companion containers are small; the trainer gets what the spec asks for.
 AGENT_CPU = "100m"

@@ -7,6 +7,12 @@ from), then the trainer under the supervisor. Every container gets the env contr
 `trainguard.contract.env`; the trainer's hot path (data, L1) is on local volumes sized by
 `trainguard.operator.build.sizing`; remote-layer volumes are mounted into the agent and the restore
 step only, never into the trainer.
+
+Credentials only where they are needed: the pod does not automount its service account's
+token; the agent alone mounts it (a projected volume), so the trainer, the user's own code,
+holds no Kubernetes credentials and cannot write the verdict the operator acts on. The
+companion containers (agent, init steps) run with read-only root file systems and a small
+scratch volume at /tmp; the trainer's root stays writable (user code writes caches there).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from trainguard.operator.build.constants import (
     AGENT_CPU,
     AGENT_MEMORY,
     AGENT_MEMORY_LIMIT,
+    API_ACCESS_DIR,
+    API_TOKEN_SECONDS,
     CREDENTIALS_DIR,
     CREDENTIALS_VOLUME_PREFIX,
     DATA_SOURCE_DIR,
@@ -44,6 +52,8 @@ from trainguard.operator.build.constants import (
     REMOTE_VOLUME_PREFIX,
     STATE_VOLUME_BYTES,
     SUPERVISOR_COMMAND,
+    TMP_DIR,
+    TMP_VOLUME_BYTES,
     TRAINER_STOP_SECONDS,
     Container,
     Volume,
@@ -93,6 +103,8 @@ def training_pod(run: TrainingRun, inputs: PodInputs) -> dict[str, Any]:
     env_common = contract.env_vars()
     pod_spec: dict[str, Any] = {
         "serviceAccountName": rbac_name(name),
+        # The agent mounts the token itself (`_api_access`); no other container gets it.
+        "automountServiceAccountToken": False,
         "restartPolicy": "Never",
         "shareProcessNamespace": True,
         "enableServiceLinks": False,
@@ -185,13 +197,14 @@ def _layer_mount_path(layer: RemoteLayer) -> str:
     return layer.uri.removeprefix(FILE_URI_PREFIX)
 
 
-def _restricted(add: tuple[str, ...] = ()) -> dict[str, Any]:
+def _restricted(add: tuple[str, ...] = (), read_only_root: bool = True) -> dict[str, Any]:
     capabilities: dict[str, Any] = {"drop": ["ALL"]}
     if add:
         capabilities["add"] = list(add)
     return {
         "allowPrivilegeEscalation": False,
         "runAsNonRoot": True,
+        "readOnlyRootFilesystem": read_only_root,
         "capabilities": capabilities,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
@@ -219,6 +232,10 @@ def _l1_mount(spec: TrainingRunSpec) -> dict[str, Any]:
 
 def _state_mount() -> dict[str, Any]:
     return _mount(Volume.STATE, DEFAULT_STATE_DIR)
+
+
+def _tmp_mount() -> dict[str, Any]:
+    return _mount(Volume.TMP, TMP_DIR)
 
 
 def _remote_claims(spec: TrainingRunSpec) -> list[RemoteLayer]:
@@ -271,6 +288,8 @@ def _agent(spec: TrainingRunSpec, image: str, contract: PodEnv) -> dict[str, Any
             _l1_mount(spec),
             _state_mount(),
             _mount(Volume.LOGS, LOG_DIR, read_only=True),
+            _mount(Volume.API_ACCESS, API_ACCESS_DIR, read_only=True),
+            _tmp_mount(),
             *_remote_mounts(spec, read_only=False),
         ],
     }
@@ -295,7 +314,7 @@ def _init_step(
         "env": copy.deepcopy(env_common),
         "resources": resources,
         "securityContext": _restricted(),
-        "volumeMounts": mounts,
+        "volumeMounts": [*mounts, _tmp_mount()],
     }
     return container
 
@@ -365,7 +384,7 @@ def _trainer(
         "command": [*SUPERVISOR_COMMAND, *trainer.command],
         "env": _trainer_env(spec, env_common),
         "resources": {"requests": requests, "limits": limits} if limits else {"requests": requests},
-        "securityContext": _restricted(),
+        "securityContext": _restricted(read_only_root=False),
         "volumeMounts": mounts,
     }
     if trainer.args:
@@ -416,6 +435,8 @@ def _volumes(spec: TrainingRunSpec, sizes: DiskSizes) -> list[dict[str, Any]]:
         {"name": Volume.L1, **_l1_volume(spec, sizes)},
         {"name": Volume.STATE, **_empty_dir(STATE_VOLUME_BYTES, medium="Memory")},
         {"name": Volume.LOGS, **_empty_dir(LOG_VOLUME_BYTES)},
+        {"name": Volume.TMP, **_empty_dir(TMP_VOLUME_BYTES)},
+        {"name": Volume.API_ACCESS, **_api_access()},
     ]
     data = spec.data
     if data is not None:
@@ -442,6 +463,37 @@ def _volumes(spec: TrainingRunSpec, sizes: DiskSizes) -> list[dict[str, Any]]:
                 }
             )
     return volumes
+
+
+def _api_access() -> dict[str, Any]:
+    # What the kubelet automounts, as a volume the agent alone mounts: a bound token of the
+    # pod's service account (rotated by the kubelet), the cluster's CA and the namespace.
+    return {
+        "projected": {
+            "defaultMode": SECRET_MODE,
+            "sources": [
+                {
+                    "serviceAccountToken": {
+                        "path": "token",
+                        "expirationSeconds": API_TOKEN_SECONDS,
+                    }
+                },
+                {
+                    "configMap": {
+                        "name": "kube-root-ca.crt",
+                        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                    }
+                },
+                {
+                    "downwardAPI": {
+                        "items": [
+                            {"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}
+                        ]
+                    }
+                },
+            ],
+        }
+    }
 
 
 def _excluding(nodes: tuple[str, ...]) -> dict[str, Any]:
