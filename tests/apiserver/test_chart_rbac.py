@@ -96,6 +96,7 @@ DENIED = [
     ("create nodes", "create nodes"),
     ("update nodes (only patch, for taints)", "update nodes"),
     ("change a node's status", "patch nodes --subresource=status"),
+    ("watch nodes", "watch nodes"),
     ("create Deployments", "create deployments.apps -n {ns}"),
     ("modify Deployments of others", "patch deployments.apps -n " + OTHER),
     ("delete DaemonSets of others", "delete daemonsets.apps -n " + OTHER),
@@ -134,6 +135,10 @@ ALLOWED = [
     ("send Events", "create events -n {runs}"),
     ("list a pod's FailedMount Events", "list events -n {runs}"),
     ("taint nodes", "patch nodes"),
+    ("list the nodes it holds", "list nodes"),
+    ("run node checks in its own namespace", "create pods -n {ns}"),
+    ("remove a finished node check", "delete pods -n {ns}"),
+    ("send Events on nodes", "create events -n {ns}"),
     ("read a hot-path PersistentVolume", "get persistentvolumes"),
     ("watch CRDs (kopf)", "watch customresourcedefinitions.apiextensions.k8s.io"),
 ]
@@ -277,7 +282,8 @@ REQUESTS = [
     ("create a pod in kube-system", OTHER, pod("p"), False, False),
     ("create a Lease in kube-system", OTHER, lease("l"), False, False),
     ("create a pod in kube-public", "kube-public", pod("p"), False, False),
-    ("create a pod in its own namespace (not watched)", "{ns}", pod("p"), True, False),
+    ("create a node check pod in its own namespace", "{ns}", pod("p"), True, True),
+    ("create a pod in default (not watched)", "default", pod("p"), True, False),
 ]
 
 

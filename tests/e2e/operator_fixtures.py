@@ -11,7 +11,9 @@
   `kubectl describe` of the namespace's runs and pods, and the Events are printed. Every
   scenario runs twice: as the cluster admin, and with only the token of the ServiceAccount
   the Helm chart installs (its RBAC, bound to the test's namespace), which shows the
-  chart's RBAC suffices for everything the operator does.
+  chart's RBAC suffices for everything the operator does. Its node checks run in the test's
+  namespace (as the admin) or the release's (as the chart's account); the taint policy is
+  the default (`confirmed`) unless the test is marked `taint_policy("immediate")`.
 """
 
 from __future__ import annotations
@@ -25,10 +27,25 @@ import yaml
 from operator_proc import AGENT_IMAGE, CRD_FILE, POOL_LABEL, RESYNC_SECONDS, diagnostics
 
 from chart import install, token_kubeconfig, uninstall
-from trainguard.api.constants import CRD_NAME, TAINT_UNHEALTHY
+from trainguard.api.constants import CRD_NAME, LABEL_NODE_HEALTH, TAINT_UNHEALTHY
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.cluster.nodes import PROCESS_NODE_LABEL, gpu_node
 from trainguard_dev.testing.processes import OperatorProcess
+
+# Tainted nodes are checked again this soon (the product's default is a minute).
+NODE_RECHECK_SECONDS = 3
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "taint_policy(name): the operator fixture's --taint-policy (e2e)"
+    )
+
+
+def release_node(cluster: Cluster, name: str) -> None:
+    """Whatever trainguard holds of a node (its taint, label, annotations) undone."""
+    cluster.kubectl("taint", "node", name, f"{TAINT_UNHEALTHY}-", check=False)
+    cluster.kubectl("label", "node", name, f"{LABEL_NODE_HEALTH}-", check=False)
 
 
 @pytest.fixture(scope="session")
@@ -84,7 +101,7 @@ def process_nodes(cluster: Cluster) -> Iterator[list[str]]:
             for entry in control.iterdir() if control.is_dir() else []:
                 if entry.is_file():
                     entry.unlink()
-            cluster.kubectl("taint", "node", name, f"{TAINT_UNHEALTHY}-", check=False)
+            release_node(cluster, name)
         if names:
             cluster.kubectl(
                 "wait", "--for=condition=Ready", *(f"node/{n}" for n in names), "--timeout=60s",
@@ -106,12 +123,20 @@ def operator(
     if request.param == "chart-rbac":
         release = install(cluster, {"operator": {"watchNamespaces": [namespace]}})
         kubeconfig = token_kubeconfig(cluster, release, tmp_path / "operator-kubeconfig")
+    marker = request.node.get_closest_marker("taint_policy")
+    policy = marker.args[0] if marker is not None else "confirmed"
+    checks = release.namespace if release is not None else namespace
     process = OperatorProcess(
         kubeconfig or cluster.kubeconfig,
         [namespace],
         tmp_path / "operator.log",
         resync_seconds=RESYNC_SECONDS,
         agent_image=AGENT_IMAGE,
+        extra_args=[
+            f"--taint-policy={policy}",
+            f"--node-check-namespace={checks}",
+            f"--node-recheck-seconds={NODE_RECHECK_SECONDS}",
+        ],
     )
     process.start()
     failed_before = request.session.testsfailed

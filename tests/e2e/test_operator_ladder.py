@@ -21,7 +21,13 @@ from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import OperatorProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+# The ladder itself: a run's word taints its node at once (the confirmed policy, whose
+# node checks need process-backed nodes, is tests/e2e/test_node_health.py's).
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(120),
+    pytest.mark.taint_policy("immediate"),
+]
 pytest_plugins = ("operator_fixtures",)
 
 

@@ -143,6 +143,8 @@ REAL_NODE_SELECTOR = {realnode.NODE_KIND_LABEL: realnode.NODE_KIND_REAL}
 # The operator runs on the first real node; the node-loss scenario stops the other one.
 OPERATOR_NODE = realnode.node_name(0)
 RESYNC_SECONDS = 5
+# Tainted nodes are checked again this soon (the chart's default is a minute).
+NODE_RECHECK_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,7 @@ def install_chart(cluster: Cluster, operator: images.Image) -> None:
         watch_namespaces=[RUNS_NAMESPACE],
         node_selector={**REAL_NODE_SELECTOR, chart.HOSTNAME_LABEL: OPERATOR_NODE},
         resync_seconds=RESYNC_SECONDS,
+        node_recheck_seconds=NODE_RECHECK_SECONDS,
     )
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from demo_story import assert_story
 from realnodes.conftest import RealCluster
-from trainguard.api.constants import TAINT_UNHEALTHY
+from trainguard.api.constants import LABEL_NODE_HEALTH, TAINT_UNHEALTHY
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.cluster.procnode import claim_dir
 from trainguard_dev.demo import env as demo_env
@@ -61,6 +61,7 @@ def _remove_demo(cluster: Cluster) -> None:
     for node in nodes.names():
         nodes.reset(node)
         cluster.kubectl("taint", "node", node, f"{TAINT_UNHEALTHY}-", check=False)
+        cluster.kubectl("label", "node", node, f"{LABEL_NODE_HEALTH}-", check=False)
 
 
 def _demo(cluster: Cluster) -> tuple[dict[str, Any], str]:

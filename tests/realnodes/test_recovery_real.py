@@ -32,6 +32,7 @@ from trainguard.api.constants import (
     ANNOTATION_EVIDENCE,
     ANNOTATION_VERDICT,
     LABEL_ATTEMPT,
+    LABEL_NODE_HEALTH,
     LABEL_RUN,
     SECRET_KEY_S3_ACCESS_KEY_ID,
     SECRET_KEY_S3_ENDPOINT_URL,
@@ -475,6 +476,7 @@ def _taint(cluster: Cluster, node: str) -> str | None:
 
 def _untaint(cluster: Cluster, node: str) -> None:
     cluster.kubectl("taint", "node", node, f"{TAINT_UNHEALTHY}-", check=False)
+    cluster.kubectl("label", "node", node, f"{LABEL_NODE_HEALTH}-", check=False)
 
 
 def _moved_and_restored(
@@ -528,6 +530,17 @@ def test_ghost_vram_taints_the_node_and_the_run_moves_restoring_from_s3(
         node_b, restored = _moved_and_restored(trainguard, run_name, node_a, shipped)
         placed = {p["spec"].get("nodeName") for p in _pods(cluster, run_name)}
         assert node_a not in placed - {pod["spec"]["nodeName"]}
+        # Tainted on the operator's own evidence: its check pod on A found the memory too.
+        described = cluster.kubectl("describe", "node", node_a).stdout
+        assert "confirmed by the node check" in described, described[-3000:]
+        # Remediation: the GPU clean again (as a reboot leaves it), the next check passes.
+        node.gpusim_state.write_text("{}")
+        eventually(
+            lambda: _taint(cluster, node_a) is None,
+            timeout=120,
+            what=f"{node_a} untainted after its node check passed",
+        )
+        assert "NodeUntainted" in cluster.kubectl("describe", "node", node_a).stdout
         print(f"ghost VRAM on {node_a}: moved to {node_b}, restored step {restored['step']}")
     finally:
         node.gpusim_state.write_text("{}")

@@ -144,6 +144,18 @@ def test_runs_trainguard_operator_with_its_own_image_as_agent(deployment: Obj) -
     assert operator["args"][:2] == ["operator", "--all-namespaces"]
     assert f"--agent-image={image}" in operator["args"]
     assert operator["resources"]["requests"] and operator["resources"]["limits"]["memory"]
+    # Taints for every run only on the operator's own evidence, its checks in its namespace.
+    assert "--taint-policy=confirmed" in operator["args"]
+    assert f"--node-check-namespace={NAMESPACE}" in operator["args"]
+
+
+def test_an_unknown_taint_policy_is_refused() -> None:
+    result = helm(
+        "template", RELEASE, str(CHART), values={"operator": {"taintPolicy": "sometimes"}},
+        check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "operator.taintPolicy must be confirmed, immediate or never" in result.stderr
 
 
 def test_digest_pins_the_image() -> None:
@@ -164,7 +176,7 @@ def test_operator_uses_the_charts_service_account(default: list[Obj], deployment
 
 
 def test_every_rbac_rule_says_why() -> None:
-    for template in sorted((CHART / "templates" / "rbac").glob("clusterrole-*.yaml")):
+    for template in sorted((CHART / "templates" / "rbac").glob("*role-*.yaml")):
         lines = template.read_text().splitlines()
         for number, line in enumerate(lines):
             if line.strip().startswith("- apiGroups:"):
@@ -200,7 +212,14 @@ def test_operator_holds_every_permission_it_grants_the_agent(default: list[Obj])
 def test_all_namespaces_binds_run_permissions_cluster_wide(default: list[Obj]) -> None:
     bound = {b["roleRef"]["name"] for b in find(default, "ClusterRoleBinding")}
     assert bound == {f"{FULLNAME}-runs", f"{FULLNAME}-cluster"}
-    assert not find(default, "RoleBinding")
+    # The one RoleBinding: the node checks, in the operator's own namespace.
+    (binding,) = find(default, "RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": f"{FULLNAME}-node-checks",
+    }
+    assert binding["metadata"]["namespace"] == NAMESPACE
     assert ("", "namespaces", "list") not in granted(default)
 
 
@@ -209,7 +228,7 @@ def test_watched_namespaces_get_role_bindings_only_there() -> None:
     operator = container(only(objects, "Deployment"))
     assert "--all-namespaces" not in operator["args"]
     assert {"--namespace=team-a", "--namespace=team-b"} <= set(operator["args"])
-    bindings = find(objects, "RoleBinding")
+    bindings = [b for b in find(objects, "RoleBinding") if b["roleRef"]["kind"] == "ClusterRole"]
     assert {b["metadata"]["namespace"] for b in bindings} == {"team-a", "team-b"}
     assert {b["roleRef"]["name"] for b in bindings} == {f"{FULLNAME}-runs"}
     cluster_bound = {b["roleRef"]["name"] for b in find(objects, "ClusterRoleBinding")}
@@ -224,6 +243,8 @@ def test_optional_objects_only_when_enabled(default: list[Obj]) -> None:
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "Deployment",
         "Service",
         "ValidatingAdmissionPolicy",

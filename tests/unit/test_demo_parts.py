@@ -63,6 +63,7 @@ def test_the_operator_identity_is_the_charts_rbac_for_the_demo_namespace() -> No
     assert kinds == [
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
         "RoleBinding",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
@@ -70,7 +71,9 @@ def test_the_operator_identity_is_the_charts_rbac_for_the_demo_namespace() -> No
     ]
     (account,) = [o for o in objects if o["kind"] == "ServiceAccount"]
     assert account["metadata"]["namespace"] == demo_env.OPERATOR_NAMESPACE
-    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    bindings = [
+        o for o in objects if o["kind"] == "RoleBinding" and o["roleRef"]["kind"] == "ClusterRole"
+    ]
     # Run permissions only in the watched namespace, for the chart's ServiceAccount.
     assert [b["metadata"]["namespace"] for b in bindings] == ["ns-watched"]
     assert bindings[0]["subjects"][0]["name"] == account["metadata"]["name"]

@@ -17,15 +17,22 @@ import pytest
 from run_factory import NAMESPACE, UID, make_run
 
 from trainguard.api.constants import Verdict
+from trainguard.operator.k8s.nodehealth import NodeChecks
 from trainguard.operator.k8s.pods import pod_view
 from trainguard.operator.k8s.reconcile import Settings, reconcile
 from trainguard.operator.policies.lifecycle import PodView
+from trainguard.operator.policies.nodehealth import TaintPolicy
 from trainguard.operator.policies.placement import NetworkList
 from trainguard.operator.policies.signals import LeaseView
 
 pytestmark = pytest.mark.unit
 
-SETTINGS = Settings("trainguard:test", NetworkList(), "test")
+SETTINGS = Settings(
+    "trainguard:test",
+    NetworkList(),
+    "test",
+    NodeChecks(TaintPolicy.IMMEDIATE, "default", "trainguard:test"),
+)
 RUN_PATH = f"/apis/trainguard.dev/v1alpha1/namespaces/{NAMESPACE}/trainingruns/llm"
 
 

@@ -138,7 +138,13 @@ def operator_identity(
 def operator_process(kubeconfig: Path, namespace: str, log_path: Path) -> OperatorProcess:
     """The operator (not started yet), watching the demo's namespace only."""
     return OperatorProcess(
-        kubeconfig, [namespace], log_path, resync_seconds=RESYNC_SECONDS, agent_image=AGENT_IMAGE
+        kubeconfig,
+        [namespace],
+        log_path,
+        resync_seconds=RESYNC_SECONDS,
+        agent_image=AGENT_IMAGE,
+        # Its node checks go where the chart's Role lets them: the operator's namespace.
+        extra_args=[f"--node-check-namespace={OPERATOR_NAMESPACE}"],
     )
 
 

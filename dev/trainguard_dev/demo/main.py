@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from trainguard.api.constants import TAINT_UNHEALTHY, Reason, Verdict
+from trainguard.api.constants import LABEL_NODE_HEALTH, TAINT_UNHEALTHY, Reason, Verdict
 from trainguard.operator.k8s.client import Kube, KubeError
 from trainguard_dev.cluster.cluster import Cluster, ClusterError
 from trainguard_dev.demo import env as demo_env
@@ -155,6 +155,7 @@ class Demo:
         for node in nodes:
             self.nodes.reset(node)
             self.cluster.kubectl("taint", "node", node, f"{TAINT_UNHEALTHY}-", check=False)
+            self.cluster.kubectl("label", "node", node, f"{LABEL_NODE_HEALTH}-", check=False)
         self.cluster.kubectl(
             "wait", "--for=condition=Ready", *(f"node/{n}" for n in nodes), "--timeout=60s",
             timeout=90,

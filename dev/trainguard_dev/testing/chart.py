@@ -53,8 +53,15 @@ def install_chart(
     watch_namespaces: Sequence[str],
     node_selector: Mapping[str, str],
     resync_seconds: int,
+    node_recheck_seconds: int | None = None,
 ) -> None:
-    """`helm upgrade --install` the chart as it is, with `image_ref`; wait until it is Ready."""
+    """`helm upgrade --install` the chart as it is, with `image_ref`; wait until it is Ready.
+
+    `node_recheck_seconds` shortens the chart's back-off of tainted nodes' re-checks.
+    """
+    recheck = [] if node_recheck_seconds is None else [
+        "--set", f"operator.nodeRecheckSeconds={node_recheck_seconds}"
+    ]  # fmt: skip
     repository, tag = image_ref.rsplit(":", 1)
     helm(
         cluster, "upgrade", "--install", release, str(CHART),
@@ -64,6 +71,7 @@ def install_chart(
         "--set", f"operator.watchNamespaces={{{','.join(watch_namespaces)}}}",
         "--set", f"operator.resyncSeconds={resync_seconds}",
         "--set-json", f"nodeSelector={json.dumps(dict(node_selector))}",
+        *recheck,
     )  # fmt: skip
 
 

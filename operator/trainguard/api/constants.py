@@ -36,6 +36,7 @@ MANAGED_BY = "trainguard"
 COMPONENT_TRAINING_POD = "training-pod"
 COMPONENT_HEARTBEAT = "heartbeat"
 COMPONENT_RBAC = "rbac"
+COMPONENT_NODE_CHECK = "node-check"
 
 # Annotations on the run's heartbeat Lease, written by the agent at every renewal.
 ANNOTATION_VERDICT = f"{PREFIX}verdict"
@@ -64,6 +65,16 @@ FINALIZER = f"{PREFIX}checkpoint-flush"
 # Taint on a node found unhealthy: `trainguard.dev/unhealthy=<Reason>:NoSchedule`.
 TAINT_UNHEALTHY = f"{PREFIX}unhealthy"
 TAINT_EFFECT = "NoSchedule"
+# What trainguard holds of a node (`trainguard.operator.policies.nodehealth`): the label
+# `suspect` or `unhealthy`, why (who reported what), and its node checks.
+LABEL_NODE_HEALTH = f"{PREFIX}node-health"
+ANNOTATION_NODE_REASON = f"{PREFIX}unhealthy-reason"
+ANNOTATION_NODE_LAST_CHECK = f"{PREFIX}last-check"
+ANNOTATION_NODE_LAST_CHECK_TIME = f"{PREFIX}last-check-time"
+ANNOTATION_NODE_FAILED_CHECKS = f"{PREFIX}failed-checks"
+ANNOTATION_NODE_CHECKED_BOOT_ID = f"{PREFIX}checked-boot-id"
+# A node check's pod: the node it checks.
+ANNOTATION_CHECKED_NODE = f"{PREFIX}checked-node"
 
 # Status name of the local checkpoint layer (remote layer names may not take it).
 L1_LAYER = "l1"
@@ -248,6 +259,12 @@ class Reason(StrEnum):
     RESCHEDULING = "Rescheduling"
     NODE_EXCLUDED = "NodeExcluded"
     NODE_TAINTED = "NodeTainted"
+    # Node health (Events on the Node).
+    NODE_SUSPECTED = "NodeSuspected"
+    NODE_CHECK_PASSED = "NodeCheckPassed"
+    NODE_CHECK_FAILED = "NodeCheckFailed"
+    NODE_CHECK_NOT_RUN = "NodeCheckNotRun"
+    NODE_UNTAINTED = "NodeUntainted"
     FLUSHING_CHECKPOINT = "FlushingCheckpoint"
     FLUSH_TIMED_OUT = "FlushTimedOut"
     REPEATED_FAILURE_AT_STEP = "RepeatedFailureAtStep"

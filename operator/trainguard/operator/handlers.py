@@ -44,6 +44,7 @@ from trainguard.api.constants import (
 from trainguard.operator.config import OperatorConfig
 from trainguard.operator.k8s.client import Kube, KubeError
 from trainguard.operator.k8s.leases import lease_view
+from trainguard.operator.k8s.nodehealth import NodeChecks, health_pass
 from trainguard.operator.k8s.pods import pod_view
 from trainguard.operator.k8s.reconcile import Outcome, Settings, reconcile
 from trainguard.operator.policies import initsteps, signals
@@ -66,6 +67,9 @@ RUN_LEASES = "run_leases"
 # kopf's own annotations on a run (retry progress, last handled spec) use our prefix.
 ANNOTATION_PREFIX = GROUP
 RETRY_DELAY_SECONDS = 5.0
+# Nodes trainguard holds (suspect, tainted) are looked at this often: a check's end is seen
+# within it. The pass lists only labelled nodes.
+NODE_HEALTH_SECONDS = 3.0
 WATCH_TIMEOUT_SECONDS = 300
 
 
@@ -91,12 +95,20 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any
         ThreadPoolExecutor(config.workers, thread_name_prefix="trainguard-cycle")
     )
     memo.kube = await asyncio.to_thread(Kube.connect, config.kubeconfig, config.workers)
-    memo.settings = Settings(config.agent_image, config.network, config.instance)
+    node_checks = NodeChecks(
+        config.taint_policy,
+        config.node_check_namespace,
+        config.agent_image,
+        config.node_recheck_seconds,
+        instance=config.instance,
+    )
+    memo.settings = Settings(config.agent_image, config.network, config.instance, node_checks)
     memo.records = RunRecords()
     memo.loop = asyncio.get_running_loop()
     memo.booked = set()
     memo.indexes = (kwargs[RUNS], kwargs[RUN_PODS], kwargs[RUN_LEASES])
     memo.resync = asyncio.create_task(_resync(memo, config.resync_seconds))
+    memo.node_health = asyncio.create_task(_node_health(memo, NODE_HEALTH_SECONDS))
 
 
 SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
@@ -127,8 +139,9 @@ def in_cluster_server(environ: Mapping[str, str], default: str) -> str:
 
 @kopf.on.cleanup()
 async def stop(*, memo: Any, **_: Any) -> None:
-    """Stop the resync loop."""
+    """Stop the resync and node health loops."""
     memo.resync.cancel()
+    memo.node_health.cancel()
 
 
 @kopf.index("pods", labels=OUR_PODS)
@@ -269,6 +282,16 @@ async def _resync(memo: Any, every: float) -> None:
             )
         except Exception:  # the loop must outlive any one bad pass
             log.exception("resync pass failed")
+
+
+async def _node_health(memo: Any, every: float) -> None:
+    """Suspect and tainted nodes: their checks started, read, acted on (`k8s.nodehealth`)."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await asyncio.to_thread(health_pass, memo.kube, memo.settings.node_checks)
+        except Exception:  # the loop must outlive any one bad pass
+            log.exception("node health pass failed")
 
 
 class RunRecord:

@@ -22,6 +22,7 @@ from trainguard.operator.config import (
     ENV_KUBECONFIG,
     OperatorConfig,
 )
+from trainguard.operator.policies.nodehealth import DEFAULT_RECHECK_SECONDS, TaintPolicy
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,6 +49,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--workers", type=int, default=DEFAULT_WORKERS, help="threads for API calls"
+    )
+    parser.add_argument(
+        "--taint-policy",
+        choices=[p.value for p in TaintPolicy],
+        help="when a run's report of a sick node taints it for every run: after the "
+        "operator's own node check confirms it (confirmed, the default), at once "
+        "(immediate), or never",
+    )
+    parser.add_argument(
+        "--node-check-namespace",
+        metavar="NAMESPACE",
+        help="namespace of the node check pods (default: the operator's own, else default)",
+    )
+    parser.add_argument(
+        "--node-recheck-seconds",
+        type=float,
+        help=f"re-check a tainted node after this long, doubling per failed check "
+        f"(default {DEFAULT_RECHECK_SECONDS:g})",
     )
     parser.add_argument(
         "--liveness", metavar="URL", help="serve liveness, e.g. http://0.0.0.0:8080/healthz"
@@ -86,6 +105,9 @@ def main(argv: list[str]) -> int:
         resync_seconds=args.resync_seconds,
         workers=args.workers,
         kubeconfig=args.kubeconfig or env.kubeconfig,
+        taint_policy=TaintPolicy(args.taint_policy) if args.taint_policy else env.taint_policy,
+        node_check_namespace=args.node_check_namespace or env.node_check_namespace,
+        node_recheck_seconds=args.node_recheck_seconds or env.node_recheck_seconds,
     )
     # Importing registers the handlers, and the metrics endpoint and its watch, with kopf.
     import trainguard.operator.handlers

@@ -42,7 +42,8 @@ from trainguard.operator.conditions import (
 from trainguard.operator.k8s import events
 from trainguard.operator.k8s.apply import apply, apply_status
 from trainguard.operator.k8s.client import Kube, KubeError
-from trainguard.operator.k8s.nodes import node_ready, taint_unhealthy
+from trainguard.operator.k8s.nodehealth import NodeChecks, report_node
+from trainguard.operator.k8s.nodes import node_ready
 from trainguard.operator.k8s.pods import delete_pod, list_pods, with_mount_failures
 from trainguard.operator.k8s.volumes import read_hot_path
 from trainguard.operator.policies import backoff, failures, initsteps, ladder, lifecycle, signals
@@ -66,6 +67,7 @@ class Settings:
     agent_image: str
     network: NetworkList
     instance: str
+    node_checks: NodeChecks
 
 
 def companions(run: TrainingRun) -> list[dict[str, Any]]:
@@ -111,7 +113,7 @@ def reconcile(
     namespace = run.metadata.namespace or ""
     # A Secret that does not exist shows only in the pod's Events: read while its volumes wait.
     pods = with_mount_failures(kube, namespace, tuple(pods))
-    recorded, warnings = escalate(kube, run, pods, lease)
+    recorded, warnings = escalate(kube, run, pods, lease, settings.node_checks)
     if recorded is not None:
         # The record is stored before the ladder acts (the pod deleted below), so an operator
         # restarted in between neither counts the failure twice nor forgets to act on it.
@@ -158,13 +160,18 @@ def reconcile(
 
 
 def escalate(
-    kube: Kube, run: TrainingRun, pods: tuple[PodView, ...], lease: LeaseView | None
+    kube: Kube,
+    run: TrainingRun,
+    pods: tuple[PodView, ...],
+    lease: LeaseView | None,
+    node_checks: NodeChecks,
 ) -> tuple[TrainingRunStatus | None, list[EventSpec]]:
     """Find a new failure of the current attempt and climb the escalation ladder.
 
     Returns the status with the failure and the decision recorded (None when there is no new
-    failure) and the Warning Event that tells it. Tainting the node happens here; deleting the
-    pod is the lifecycle's, from the recorded status (`lifecycle.moving_off`, Failed).
+    failure) and the Warning Event that tells it. Reporting the node (suspect, or tainted:
+    `k8s.nodehealth`, per the taint policy) happens here; deleting the pod is the lifecycle's,
+    from the recorded status (`lifecycle.moving_off`, Failed).
     """
     status = run.status or TrainingRunStatus()
     current = next((p for p in pods if p.attempt == status.attempt and not p.deleting), None)
@@ -182,7 +189,8 @@ def escalate(
     generation = run.metadata.generation
     recorded = failures.record(status, found, decision, status.attempt, generation, now)
     if decision.taint_node and found.node is not None:
-        taint_unhealthy(kube, found.node, found.failure.cause, now)
+        reporter = f"run {run.metadata.namespace}/{run.metadata.name} (attempt {status.attempt})"
+        report_node(kube, node_checks, found.node, found.failure.cause, reporter, now)
     log.info(
         "%s/%s: %s on attempt %s: %s",
         run.metadata.namespace,
