@@ -212,14 +212,17 @@ def test_operator_holds_every_permission_it_grants_the_agent(default: list[Obj])
 def test_all_namespaces_binds_run_permissions_cluster_wide(default: list[Obj]) -> None:
     bound = {b["roleRef"]["name"] for b in find(default, "ClusterRoleBinding")}
     assert bound == {f"{FULLNAME}-runs", f"{FULLNAME}-cluster"}
-    # The one RoleBinding: the node checks, in the operator's own namespace.
-    (binding,) = find(default, "RoleBinding")
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "Role",
-        "name": f"{FULLNAME}-node-checks",
+    # Its RoleBindings: the node checks in its own namespace, Events on Nodes in default.
+    bindings = {
+        (b["metadata"]["namespace"], b["roleRef"]["kind"], b["roleRef"]["name"])
+        for b in find(default, "RoleBinding")
     }
-    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert bindings == {
+        (NAMESPACE, "Role", f"{FULLNAME}-node-checks"),
+        ("default", "Role", f"{FULLNAME}-node-events"),
+    }
+    events = only(default, "Role", f"{FULLNAME}-node-events")
+    assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert ("", "namespaces", "list") not in granted(default)
 
 

@@ -51,6 +51,8 @@ from trainguard.operator.policies.nodehealth import (
 
 log = logging.getLogger(__name__)
 MESSAGE_LIMIT = 900
+# The apiserver keeps Events about cluster-scoped objects (Nodes) in this namespace only.
+NODE_EVENTS_NAMESPACE = "default"
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class NodeChecks:
     """The operator's settings for node health."""
 
     policy: TaintPolicy
-    namespace: str  # where check pods (and Node Events) go: the operator's own
+    namespace: str  # where check pods go: the operator's own
     image: str
     recheck_seconds: float = nodehealth.DEFAULT_RECHECK_SECONDS
     gpu_max_used_mib: float = nodehealth.DEFAULT_CHECK_GPU_MAX_USED_MIB
@@ -109,17 +111,29 @@ def record_of(node: dict[str, Any]) -> NodeRecord | None:
 
 
 def node_event(
-    kube: Kube, checks: NodeChecks, node: str, reason: str, message: str, warning: bool
+    kube: Kube,
+    checks: NodeChecks,
+    node: dict[str, Any],
+    reason: str,
+    message: str,
+    warning: bool,
 ) -> None:
-    """An Event on the Node (`kubectl describe node` lists it), in the operator's namespace."""
+    """An Event on the Node (`kubectl describe node` lists it)."""
+    meta = node["metadata"]
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     body = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{node}.{uuid.uuid4().hex[:12]}", "namespace": checks.namespace},
-        # As the kubelet names its node Events (the node's name as its UID), which is what
-        # `kubectl describe node` searches for.
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+        "metadata": {
+            "name": f"{meta['name']}.{uuid.uuid4().hex[:12]}",
+            "namespace": NODE_EVENTS_NAMESPACE,
+        },
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": meta["name"],
+            "uid": meta.get("uid", ""),
+        },
         "reason": reason,
         "message": message[:MESSAGE_LIMIT],
         "type": "Warning" if warning else "Normal",
@@ -131,9 +145,9 @@ def node_event(
         "count": 1,
     }
     try:
-        kube.request("POST", object_path("v1", "events", checks.namespace, None), body)
+        kube.request("POST", object_path("v1", "events", NODE_EVENTS_NAMESPACE, None), body)
     except KubeError as err:  # an Event is worth a log line, never a failed pass
-        log.warning("Event %s on node %s: %s", reason, node, err)
+        log.warning("Event %s on node %s: %s", reason, meta["name"], err)
 
 
 def _patch_node(
@@ -203,7 +217,7 @@ def report_node(
         )
         why = "the node is lost" if cause in nodehealth.CONTROL_PLANE_CAUSES else "policy"
         node_event(
-            kube, checks, name, Reason.NODE_TAINTED, f"{reason}; tainted at once ({why})", True
+            kube, checks, node, Reason.NODE_TAINTED, f"{reason}; tainted at once ({why})", True
         )
     else:
         # A fresh suspicion: the node's earlier checks say nothing about it.
@@ -214,7 +228,7 @@ def report_node(
         node_event(
             kube,
             checks,
-            name,
+            node,
             Reason.NODE_SUSPECTED,
             f"{reason}; checking the node before tainting it for every run",
             True,
@@ -273,7 +287,7 @@ def _finish_check(
         node_event(
             kube,
             checks,
-            name,
+            node,
             Reason.NODE_TAINTED,
             f"{cause} confirmed by the node check: {result.message}; tainted "
             f"{TAINT_UNHEALTHY}={cause}:{TAINT_EFFECT}",
@@ -287,7 +301,7 @@ def _finish_check(
             node_event(
                 kube,
                 checks,
-                name,
+                node,
                 Reason.NODE_UNTAINTED,
                 f"node check passed: {result.message}; taint {TAINT_UNHEALTHY} removed",
                 False,
@@ -296,7 +310,7 @@ def _finish_check(
             node_event(
                 kube,
                 checks,
-                name,
+                node,
                 Reason.NODE_CHECK_PASSED,
                 f"{cause} not confirmed by the node check: {result.message}; not tainted",
                 False,
@@ -310,13 +324,13 @@ def _finish_check(
             node_event(
                 kube,
                 checks,
-                name,
+                node,
                 Reason.NODE_CHECK_FAILED,
                 f"still unhealthy: {result.message}; next check in {after:g} s or after a reboot",
                 True,
             )
         elif record.last_outcome is not Outcome.NOT_RUN:  # told once, not every retry
-            node_event(kube, checks, name, Reason.NODE_CHECK_NOT_RUN, result.message, True)
+            node_event(kube, checks, node, Reason.NODE_CHECK_NOT_RUN, result.message, True)
     log.info("node %s: check %s (%s): %s", name, result.outcome.value, result.message, action)
     return action
 

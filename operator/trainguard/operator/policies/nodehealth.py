@@ -28,6 +28,7 @@ changes nothing and is tried again soon.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -108,7 +109,7 @@ def judge(pod: dict[str, Any], now: datetime, started: datetime | None) -> Check
         ),
         None,
     )
-    message = ((terminated or {}).get("message") or "").strip()
+    message = _summary(((terminated or {}).get("message") or "").strip())
     if phase == "Succeeded":
         return CheckResult(Outcome.PASSED, message or "node check passed")
     if phase == "Failed":
@@ -123,6 +124,16 @@ def judge(pod: dict[str, Any], now: datetime, started: datetime | None) -> Check
             f"the check pod did not finish within {CHECK_TIMEOUT_SECONDS:g} s (phase {phase})",
         )
     return CheckResult(Outcome.RUNNING, f"phase {phase}")
+
+
+def _summary(message: str) -> str:
+    # The preflight's termination message is its summary as JSON: its one-line message.
+    try:
+        summary = json.loads(message)
+    except ValueError:
+        return message
+    text = summary.get("message") if isinstance(summary, dict) else None
+    return str(text) if text else message
 
 
 @dataclass(frozen=True)
