@@ -68,7 +68,7 @@ def http_get(url: str) -> str:
 class ChartOperator(OperatorProcess):
     """The operator with the chart's token only, its health and metrics on ports of its own."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path) -> None:
+    def __init__(self, kubeconfig: Path, namespace: str, checks: str, log_path: Path) -> None:
         self.health_port = free_port()
         self.metrics_port = free_port()
         super().__init__(
@@ -77,7 +77,11 @@ class ChartOperator(OperatorProcess):
             log_path,
             resync_seconds=RESYNC_SECONDS,
             agent_image="trainguard:e2e",
-            extra_args=[f"--liveness=http://127.0.0.1:{self.health_port}/healthz"],
+            extra_args=[
+                f"--liveness=http://127.0.0.1:{self.health_port}/healthz",
+                # Node checks where the chart lets them run: the release's namespace.
+                f"--node-check-namespace={checks}",
+            ],
             env={"PATH": str(BIN_DIR), ENV_METRICS_PORT: str(self.metrics_port)},
         )
 
@@ -120,7 +124,7 @@ def operator(
     request: pytest.FixtureRequest,
 ) -> Iterator[ChartOperator]:
     kubeconfig = token_kubeconfig(cluster, release, tmp_path / "token-kubeconfig")
-    running = ChartOperator(kubeconfig, namespace, tmp_path / "operator.log")
+    running = ChartOperator(kubeconfig, namespace, release.namespace, tmp_path / "operator.log")
     running.start()
     failed_before = request.session.testsfailed
     try:

@@ -286,10 +286,11 @@ async def _resync(memo: Any, every: float) -> None:
 
 async def _node_health(memo: Any, every: float) -> None:
     """Suspect and tainted nodes: their checks started, read, acted on (`k8s.nodehealth`)."""
+    held: frozenset[str] = frozenset()
     while True:
         await asyncio.sleep(every)
         try:
-            await asyncio.to_thread(health_pass, memo.kube, memo.settings.node_checks)
+            held = await asyncio.to_thread(health_pass, memo.kube, memo.settings.node_checks, held)
         except Exception:  # the loop must outlive any one bad pass
             log.exception("node health pass failed")
 

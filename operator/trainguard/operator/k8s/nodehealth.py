@@ -354,19 +354,30 @@ def check_node(kube: Kube, checks: NodeChecks, node: dict[str, Any], now: dateti
         _start_check(kube, checks, node)
 
 
-def health_pass(kube: Kube, checks: NodeChecks) -> None:
-    """Look at every node trainguard holds (labelled): check, taint, untaint as due."""
+def health_pass(kube: Kube, checks: NodeChecks, held_before: frozenset[str]) -> frozenset[str]:
+    """Look at every node trainguard holds (labelled): check, taint, untaint as due.
+
+    Returns the nodes held now; `held_before` is the last pass's answer: check pods are
+    listed (to remove those whose node was released, by a pass or by hand) only while some
+    node is or was held, so an idle operator costs the apiserver one list of nodes a pass.
+    """
     listed = kube.request(
         "GET", object_path("v1", "nodes", None, None), query={"labelSelector": LABEL_NODE_HEALTH}
     )
-    held = set()
-    for node in listed.get("items") or []:
-        held.add(node["metadata"]["name"])
+    items = listed.get("items") or []
+    held = frozenset(node["metadata"]["name"] for node in items)
+    for node in items:
         try:
             check_node(kube, checks, node, datetime.now(UTC))
         except KubeError as err:  # one node's trouble never stops the others'
             log.warning("node %s: %s", node["metadata"]["name"], err)
-    # A check pod whose node is no longer held (released by hand) has nobody to read it.
+    if held or held_before:
+        _remove_orphans(kube, checks, held)
+    return held
+
+
+def _remove_orphans(kube: Kube, checks: NodeChecks, held: frozenset[str]) -> None:
+    # A check pod whose node is no longer held has nobody to read it.
     pods = kube.request(
         "GET",
         object_path("v1", "pods", checks.namespace, None),
