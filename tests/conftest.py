@@ -20,6 +20,12 @@ from session_cluster import TEST_NODES, TEST_PROCESS_NODES
 from trainguard_dev.cluster.cluster import Cluster
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "taint_policy(name): the e2e operator fixture's --taint-policy"
+    )
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     """A running local control plane: TEST_NODES kwok and TEST_PROCESS_NODES process-backed."""

@@ -36,12 +36,6 @@ from trainguard_dev.testing.processes import OperatorProcess
 NODE_RECHECK_SECONDS = 3
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "taint_policy(name): the operator fixture's --taint-policy (e2e)"
-    )
-
-
 def release_node(cluster: Cluster, name: str) -> None:
     """Whatever trainguard holds of a node (its taint, label, annotations) undone."""
     cluster.kubectl("taint", "node", name, f"{TAINT_UNHEALTHY}-", check=False)

@@ -11,13 +11,18 @@ two kwok nodes of the test's own, deleted afterwards.
 from __future__ import annotations
 
 import json
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from operator_proc import apply, condition, events_of, get_json, pods_of, pool_run
 
+from trainguard.operator.build.names import rbac_name
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.demo.env import token_kubeconfig
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import OperatorProcess
 
@@ -41,6 +46,11 @@ def _status(cluster: Cluster, namespace: str) -> dict[str, Any]:
 def _renew(
     cluster: Cluster, namespace: str, verdict: str, step: int, saved: int, pod: str = "minimal-1"
 ) -> None:
+    """Renew the run's Lease as its agent would, with the agent's own identity.
+
+    Only the run's agent (its ServiceAccount `minimal-trainguard`) and the operator may write
+    the Lease where the chart's admission policy is installed: the test speaks as the agent.
+    """
     evidence = json.dumps({"reason": f"simulated {verdict}"}, separators=(",", ":"))
     annotations = {
         "trainguard.dev/verdict": verdict,
@@ -49,10 +59,16 @@ def _renew(
         "trainguard.dev/evidence": evidence,
     }
     patch = {"metadata": {"annotations": annotations}, "spec": {"holderIdentity": pod}}
-    cluster.kubectl(
-        "patch", "lease", "minimal-heartbeat", "-n", namespace, "--type=merge",
-        "-p", json.dumps(patch),
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as directory:
+        agent = token_kubeconfig(
+            cluster, namespace, rbac_name("minimal"), Path(directory) / "agent", "10m"
+        )
+        subprocess.run(
+            [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(agent),
+             "patch", "lease", "minimal-heartbeat", "-n", namespace, "--type=merge",
+             "-p", json.dumps(patch)],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
 
 
 def _start(cluster: Cluster, namespace: str, pool: str, **recovery: Any) -> dict[str, Any]:

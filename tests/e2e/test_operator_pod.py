@@ -18,6 +18,7 @@ pytest_plugins = ("operator_fixtures",)
 RESTRICTED = {
     "allowPrivilegeEscalation": False,
     "runAsNonRoot": True,
+    "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
@@ -88,8 +89,18 @@ def test_minimal_example_yields_one_guarded_pod(
     assert init["preflight"]["command"] == ["trainguard", "preflight"]
     [trainer] = spec["containers"]
     assert trainer["command"] == ["trainguard", "supervise", "--", "python", "train.py"]
-    for container in [*spec["initContainers"], trainer]:
+    for container in spec["initContainers"]:
         assert container["securityContext"] == RESTRICTED, container["name"]
+    # The user's code may write under its home: the trainer's root stays writable.
+    assert trainer["securityContext"] == {**RESTRICTED, "readOnlyRootFilesystem": False}
+    # Only the agent holds the pod's API token.
+    assert spec["automountServiceAccountToken"] is False
+    holders = [
+        c["name"]
+        for c in [*spec["initContainers"], trainer]
+        if any(m["name"] == "api-access" for m in c["volumeMounts"])
+    ]
+    assert holders == ["agent"]
 
     # 125M parameters x 16 B = 2 GB per checkpoint; keepLast 2 + 1 on disk, + margin.
     assert trainer["resources"]["requests"] == {
