@@ -314,15 +314,45 @@ def test_requests_with_the_operators_token(
         assert forbidden(result), f"{what}: {result.returncode} {result.stderr}"
 
 
-def test_tainting_a_node_is_admitted(
-    cluster: Cluster, install_mode: Install, operator_kubeconfig: Path
+OURS = {"key": "trainguard.dev/unhealthy", "value": "GhostMemory", "effect": "NoSchedule"}
+# Changes of a node with the operator's token (dry runs): its own taint, labels and
+# annotations only; RBAC allows any patch of a node, the chart's policy narrows it.
+NODE_PATCHES = [
+    ("taint with its own key", {"spec": {"taints": [OURS]}}, True),
+    ("label and annotate under trainguard.dev/", {
+        "metadata": {
+            "labels": {"trainguard.dev/node-health": "suspect"},
+            "annotations": {"trainguard.dev/unhealthy-reason": "GhostMemory reported by ..."},
+        }
+    }, True),
+    ("taint with another key", {"spec": {"taints": [{**OURS, "key": "other"}]}}, False),
+    ("cordon", {"spec": {"unschedulable": True}}, False),
+    ("change another label", {"metadata": {"labels": {"team": "mine"}}}, False),
+    ("change another annotation", {"metadata": {"annotations": {"owner": "me"}}}, False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("what", "patch", "allowed"), NODE_PATCHES, ids=[row[0] for row in NODE_PATCHES]
+)
+def test_node_changes_with_the_operators_token(
+    cluster: Cluster,
+    install_mode: Install,
+    operator_kubeconfig: Path,
+    what: str,
+    patch: Obj,
+    allowed: bool,
 ) -> None:
     node = cluster.kubectl("get", "nodes", "-o", "jsonpath={.items[0].metadata.name}").stdout
-    patch = json.dumps({"metadata": {"annotations": {"trainguard.dev/probe": "x"}}})
     result = as_operator(
-        cluster, operator_kubeconfig, "patch", "node", node, "--dry-run=server", "-p", patch
-    )
-    assert result.returncode == 0, result.stderr
+        cluster, operator_kubeconfig, "patch", "node", node, "--dry-run=server",
+        "--type=merge", "-p", json.dumps(patch),
+    )  # fmt: skip
+    if allowed:
+        assert result.returncode == 0, f"{what}: {result.stderr}"
+    else:
+        assert forbidden(result), f"{what}: {result.returncode} {result.stderr}"
+        assert "the trainguard operator" in result.stderr
 
 
 def account_kubeconfig(
