@@ -78,7 +78,11 @@ def test_the_operator_identity_is_the_charts_rbac_for_the_demo_namespace() -> No
     assert [b["metadata"]["namespace"] for b in bindings] == ["ns-watched"]
     assert bindings[0]["subjects"][0]["name"] == account["metadata"]["name"]
     # The run's heartbeat Leases: the agent's and the operator's to write, in that namespace.
-    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    (policy,) = [
+        o
+        for o in objects
+        if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"].endswith("heartbeats")
+    ]
     selector = policy["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]
     assert selector["values"] == ["ns-watched"]
 
