@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from run_factory import make_run
 
 from trainguard.contract import env
 from trainguard.operator.build.constants import OperatorReason
+from trainguard.operator.build.pod import PodInputs, training_pod
 from trainguard.operator.main import _parser
 from trainguard.operator.policies.placement import (
     DEFAULT_NETWORK_CSI_DRIVERS,
@@ -58,3 +60,19 @@ def test_every_flag_is_documented() -> None:
     ]
     missing = [f for f in flags if f"`{f}" not in OPERATOR]
     assert not missing
+
+
+def test_env_contract_documents_every_volume_of_the_pod() -> None:
+    layer = {
+        "name": "backup",
+        "uri": "s3://bucket/run",
+        "credentialsSecret": {"name": "creds"},
+    }
+    spec = {
+        "data": {"source": {"pvc": {"claimName": "shards"}}, "size": "1Gi"},
+        "checkpoints": {"remote": [layer]},
+    }
+    manifest = training_pod(make_run(spec), PodInputs(attempt=1, agent_image="tg:1"))
+    for volume in manifest["spec"]["volumes"]:
+        name = volume["name"].replace("-backup", "-<layer>")
+        assert f"| `{name}` |" in ENV_CONTRACT, name
