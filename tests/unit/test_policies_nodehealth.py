@@ -8,6 +8,7 @@ process-backed nodes with the real apiserver and check pods that really run.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -94,7 +95,7 @@ def record(**changes: Any) -> NodeRecord:
         checked_boot_id="boot-1",
         failed_checks=1,
     )
-    return NodeRecord(**{**base.__dict__, **changes})
+    return dataclasses.replace(base, **changes)
 
 
 def test_rechecks_back_off_and_come_at_once_after_a_reboot_or_ready() -> None:

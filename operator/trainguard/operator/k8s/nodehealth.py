@@ -13,6 +13,7 @@ is never touched.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import uuid
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from trainguard.api.status import RFC3339
 from trainguard.operator.build.constants import FIELD_MANAGER
 from trainguard.operator.build.nodecheck import check_pod, check_pod_name
 from trainguard.operator.k8s.client import MERGE_PATCH, Kube, KubeError, object_path
+from trainguard.operator.k8s.nodes import ready_condition
 from trainguard.operator.policies import nodehealth
 from trainguard.operator.policies.nodehealth import (
     Action,
@@ -91,10 +93,7 @@ def record_of(node: dict[str, Any]) -> NodeRecord | None:
     if label not in set(Health):
         return None
     notes = meta.get("annotations") or {}
-    ready: dict[str, Any] = next(
-        (c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
-        {},
-    )
+    ready = ready_condition(node)
     last = notes.get(ANNOTATION_NODE_LAST_CHECK, "")
     outcome = next((o for o in Outcome if last.startswith(o.value + ":")), None)
     failed = notes.get(ANNOTATION_NODE_FAILED_CHECKS, "0")
@@ -270,9 +269,11 @@ def _finish_check(
 ) -> Action:
     name = node["metadata"]["name"]
     action = nodehealth.after_check(record.health, result)
-    failed = record.failed_checks + 1 if result.outcome is Outcome.FAILED else 0
-    if result.outcome is Outcome.NOT_RUN:
-        failed = record.failed_checks
+    # Consecutive failed checks drive the back-off; a check that did not run changes nothing.
+    failed = {
+        Outcome.FAILED: record.failed_checks + 1,
+        Outcome.NOT_RUN: record.failed_checks,
+    }.get(result.outcome, 0)
     annotations: dict[str, str | None] = {
         ANNOTATION_NODE_LAST_CHECK: f"{result.outcome.value}: {result.message}"[:MESSAGE_LIMIT],
         ANNOTATION_NODE_LAST_CHECK_TIME: _stamp(now),
@@ -319,7 +320,7 @@ def _finish_check(
         _patch_node(kube, node, {}, annotations)
         if result.outcome is Outcome.FAILED:
             after = nodehealth.recheck_delay(
-                NodeRecord(**{**record.__dict__, "failed_checks": failed}), checks.recheck_seconds
+                dataclasses.replace(record, failed_checks=failed), checks.recheck_seconds
             )
             node_event(
                 kube,

@@ -21,5 +21,11 @@ def node_ready(kube: Kube, name: str | None) -> bool | None:
     node = _node(kube, name) if name else None
     if node is None:
         return None
-    conditions = node.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return ready_condition(node).get("status") == "True"
+
+
+def ready_condition(node: dict[str, Any]) -> dict[str, Any]:
+    """The node's Ready condition ({} when it reports none)."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready: dict[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+    return ready
