@@ -17,14 +17,28 @@ from safetensors.numpy import load_file, save_file
 from conftest import HF_TOKEN
 from trainguard.agent.shipper import Shipper
 from trainguard.api.constants import SECRET_KEY_HF_TOKEN
-from trainguard.ckpt import CheckpointTransaction, Contents, step_dirname, verify
-from trainguard.layers import LayerConfig, LayerError, layer_secrets_env, open_layer
+from trainguard.ckpt import CheckpointTransaction, Contents, verify
+from trainguard.layers import Layer, LayerConfig, LayerError, layer_secrets_env, open_layer
 from trainguard.layers.hf import HfLayer
+from trainguard.layers.lineage import CheckpointRef, Origin
 
 pytestmark = pytest.mark.e2e
 
 REPO = "acme/llm-3b"
 TENSOR_BYTES = 256 * 1024
+
+# What a layer opened outside a pod ships as.
+LOCAL = Origin.of("", None)
+
+
+def ref(step: int) -> CheckpointRef:
+    """A checkpoint shipped outside a pod."""
+    return CheckpointRef(step, LOCAL)
+
+
+def steps(layer: Layer) -> list[int]:
+    """The steps of the complete checkpoints on the layer."""
+    return [r.step for r in layer.checkpoints()]
 
 
 def _weights(seed: int) -> dict[str, np.ndarray]:
@@ -67,7 +81,7 @@ def test_weights_sharded_committed_in_batches_verified_and_fetched(
     shipper.ship_once()
     assert shipper.states()["hub"]["state"] == "verified"
     files = hub.state.repos[REPO]
-    folder = f"checkpoints/{step_dirname(100)}"
+    folder = f"checkpoints/{ref(100).path}"
     assert sorted(p.removeprefix(folder + "/") for p in files) == [
         "FINGERPRINTS.json",
         "MANIFEST.json",
@@ -81,14 +95,14 @@ def test_weights_sharded_committed_in_batches_verified_and_fetched(
     data_commit, manifest_commit = (lines for _, lines in hub.state.commits)
     assert all("MANIFEST" not in str(line) for line in data_commit)
     assert manifest_commit[-1]["value"]["path"].endswith("MANIFEST.json")
-    assert layer.steps() == [100]
-    assert layer.verify(100) == []
+    assert steps(layer) == [100]
+    assert layer.verify(ref(100)) == []
     # The real client's path: preupload, LFS batch, PUT of each shard, commit.
     requests = hub.state.requests
     assert f"POST /{REPO}.git/info/lfs/objects/batch" in requests
     assert sum(r.startswith("PUT /lfs/") for r in requests) == 2
 
-    fetched = layer.fetch(100, tmp_path / "fetched")
+    fetched = layer.fetch(ref(100), tmp_path / "fetched")
     result = verify(fetched)
     assert result.ok and result.manifest is not None
     assert result.manifest.contents == Contents.WEIGHTS
@@ -103,7 +117,7 @@ def test_weights_sharded_committed_in_batches_verified_and_fetched(
     # keep=1: the next checkpoint replaces this one, removed in one commit.
     _save(l1, 200, tmp_path)
     shipper.ship_once()
-    assert layer.steps() == [200]
+    assert steps(layer) == [200]
     assert hub.state.commits[-1][1][-1]["key"] == "deletedFolder"
 
 
@@ -115,20 +129,20 @@ def test_rate_limited_commit_is_retried(hub: HubServer, tmp_path: Path) -> None:
     progress = Counting()
     layer.put(checkpoint, progress)
     assert time.monotonic() - started >= 1.0  # Retry-After was honoured
-    assert layer.steps() == [1]
+    assert steps(layer) == [1]
     assert progress.sent == progress.total > 0
 
 
 def test_file_replaced_on_the_hub_is_detected(hub: HubServer, tmp_path: Path) -> None:
     layer = _layer(hub, tmp_path)
     layer.put(_save(tmp_path / "l1", 1, tmp_path))
-    path = f"checkpoints/{step_dirname(1)}/model-00002-of-00002.safetensors"
+    path = f"checkpoints/{ref(1).path}/model-00002-of-00002.safetensors"
     files = hub.state.repos[REPO]
     other = next(oid for oid in hub.state.lfs if oid != files[path].lfs_oid)
     files[path].lfs_oid = other  # as if another writer committed different content
-    assert any("changed on the layer" in p for p in layer.verify(1))
+    assert any("changed on the layer" in p for p in layer.verify(ref(1)))
     with pytest.raises(LayerError, match="hash or size differs"):
-        layer.fetch(1, tmp_path / "fetched")
+        layer.fetch(ref(1), tmp_path / "fetched")
 
 
 def test_bad_token_fails_without_showing_it(

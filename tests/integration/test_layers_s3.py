@@ -16,13 +16,32 @@ from trainguard.api.constants import (
 )
 from trainguard.ckpt import MANIFEST_FILENAME, step_dirname
 from trainguard.initsteps.restore import restore
-from trainguard.layers import COST, Credentials, FileLayer, LayerConfig, LayerError
-from trainguard.layers.base import FINGERPRINTS_FILENAME, RemoteLayer, step_key
+from trainguard.layers import COST, Credentials, FileLayer, Layer, LayerConfig, LayerError
+from trainguard.layers.base import FINGERPRINTS_FILENAME, RemoteLayer
+from trainguard.layers.lineage import CheckpointRef, Origin, checkpoint_key
 from trainguard.layers.s3 import MIN_PART_BYTES, open_s3
 from trainguard_dev.testing.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
 
 pytest_plugins = ("integration.s3_fixtures",)
 pytestmark = pytest.mark.e2e
+
+# What a layer opened outside a pod ships as.
+LOCAL = Origin.of("", None)
+
+
+def ref(step: int) -> CheckpointRef:
+    """A checkpoint shipped outside a pod."""
+    return CheckpointRef(step, LOCAL)
+
+
+def steps(layer: Layer) -> list[int]:
+    """The steps of the complete checkpoints on the layer."""
+    return [r.step for r in layer.checkpoints()]
+
+
+def step_key(step: int, name: str) -> str:
+    """The key of a file of a checkpoint shipped outside a pod."""
+    return checkpoint_key(ref(step), name)
 
 
 def _layer(
@@ -53,14 +72,14 @@ def test_put_verify_list_prune_fetch_restore(
     for step in (10, 20):
         layer.put(checkpoints[step])
     layer.prune(2)
-    assert layer.steps() == [20, 30]
-    assert layer.verify(30) == []
+    assert steps(layer) == [20, 30]
+    assert layer.verify(ref(30)) == []
 
     # Multipart with per-part MD5: the 12 MiB model went up as 3 parts of 5 MiB.
     stats = layer.store.stats([step_key(30, "model.safetensors")])
     assert stats[step_key(30, "model.safetensors")][1].endswith("-3")  # type: ignore[index]
 
-    fetched = layer.fetch(30, tmp_path / "fetched")
+    fetched = layer.fetch(ref(30), tmp_path / "fetched")
     assert_same_checkpoint(checkpoints[30], fetched)
 
     result = restore(tmp_path / "fresh-l1", [layer])
@@ -75,7 +94,7 @@ def test_manifest_only_lists_a_checkpoint(
     layer.put(save(tmp_path / "l1", 5, model_bytes=MIB))
     client = seaweedfs.client()
     client.delete_object(Bucket=bucket, Key=f"runs/demo/{step_key(5, MANIFEST_FILENAME)}")
-    assert layer.steps() == []
+    assert steps(layer) == []
 
 
 def test_server_killed_mid_upload_resumes(
@@ -94,9 +113,9 @@ def test_server_killed_mid_upload_resumes(
     layer.put(checkpoint, resumed)
     assert resumed.resumed == MIN_PART_BYTES  # the stored part was not sent again
     assert resumed.sent == resumed.total - MIN_PART_BYTES
-    assert layer.steps() == [7]
-    assert layer.verify(7) == []
-    assert_same_checkpoint(checkpoint, layer.fetch(7, tmp_path / "fetched"))
+    assert steps(layer) == [7]
+    assert layer.verify(ref(7)) == []
+    assert_same_checkpoint(checkpoint, layer.fetch(ref(7), tmp_path / "fetched"))
 
 
 def _overwrite(server: SeaweedFS, bucket: str, step: int, path: str) -> None:
@@ -114,7 +133,7 @@ def test_corrupt_object_is_detected_and_restore_falls_back(
     for step in (10, 20):
         layer.put(save(l1, step, model_bytes=MIB))
     _overwrite(seaweedfs, bucket, 20, "optimizer.safetensors")
-    assert any("changed on the layer" in p for p in layer.verify(20))
+    assert any("changed on the layer" in p for p in layer.verify(ref(20)))
     result = restore(tmp_path / "fresh", [layer])
     assert (result.step, result.from_layer) == (10, "s3")
     assert any("s3 step 20" in line for line in result.skipped)
@@ -139,9 +158,9 @@ def test_corruption_only_the_manifest_hash_sees_falls_back_to_another_layer(
     assert stat is not None
     patched = fingerprints.decode().replace(json.loads(fingerprints)[key], stat[1])
     s3.store.write_last([(step_key(20, FINGERPRINTS_FILENAME), patched.encode())])
-    assert s3.verify(20) == []
+    assert s3.verify(ref(20)) == []
     with pytest.raises(LayerError, match="hash or size differs"):
-        s3.fetch(20, tmp_path / "probe")
+        s3.fetch(ref(20), tmp_path / "probe")
     assert not (tmp_path / "probe" / step_dirname(20)).exists()
 
     # S3 is tried first here (listed as cheaper), fails on the hash, the file layer serves.

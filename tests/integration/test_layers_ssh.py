@@ -9,20 +9,34 @@ from layer_helpers import MIB, Counting, assert_same_checkpoint, save
 
 from trainguard.agent.shipper import Shipper
 from trainguard.api.constants import SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_PRIVATE_KEY
-from trainguard.ckpt import step_dirname
 from trainguard.initsteps.restore import restore
 from trainguard.layers import (
+    Layer,
     LayerConfig,
     LayerError,
     layer_secrets_env,
     open_layer,
 )
 from trainguard.layers.base import RemoteLayer
+from trainguard.layers.lineage import CheckpointRef, Origin
 from trainguard.layers.ssh import PARTIAL_SUFFIX
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.servers import Sshd
 
 pytestmark = pytest.mark.e2e
+
+# What a layer opened outside a pod ships as.
+LOCAL = Origin.of("", None)
+
+
+def ref(step: int) -> CheckpointRef:
+    """A checkpoint shipped outside a pod."""
+    return CheckpointRef(step, LOCAL)
+
+
+def steps(layer: Layer) -> list[int]:
+    """The steps of the complete checkpoints on the layer."""
+    return [r.step for r in layer.checkpoints()]
 
 
 def _secret_dir(server: Sshd, tmp_path: Path, known_hosts: bool = True) -> Path:
@@ -52,11 +66,12 @@ def test_put_verify_list_prune_fetch_restore(sshd: Sshd, tmp_path: Path) -> None
         layer.put(checkpoints[step])
     shipper = Shipper(l1, [layer])
     shipper.ship_once()  # ships 30, then keep-2 removes 10
-    assert layer.steps() == [20, 30]
+    assert steps(layer) == [20, 30]
     assert shipper.states()["scp-backup"]["state"] == "verified"
-    assert not (tmp_path / "remote" / step_dirname(10)).exists()
-    assert layer.verify(30) == []
-    assert_same_checkpoint(checkpoints[30], layer.fetch(30, tmp_path / "fetched"))
+    assert (tmp_path / "remote" / ref(20).path).is_dir()
+    assert not (tmp_path / "remote" / ref(10).path).exists()
+    assert layer.verify(ref(30)) == []
+    assert_same_checkpoint(checkpoints[30], layer.fetch(ref(30), tmp_path / "fetched"))
     result = restore(tmp_path / "fresh", [layer])
     assert (result.step, result.from_layer) == (30, "scp-backup")
 
@@ -64,7 +79,7 @@ def test_put_verify_list_prune_fetch_restore(sshd: Sshd, tmp_path: Path) -> None
 def test_dropped_connection_resumes_at_the_offset(sshd: Sshd, tmp_path: Path) -> None:
     checkpoint = save(tmp_path / "l1", 3, model_bytes=12 * MIB)
     layer = _layer(sshd, tmp_path)
-    partial = tmp_path / "remote" / step_dirname(3) / f"model.safetensors{PARTIAL_SUFFIX}"
+    partial = tmp_path / "remote" / ref(3).path / f"model.safetensors{PARTIAL_SUFFIX}"
 
     def drop_once_data_landed() -> None:
         # Writes are pipelined: wait until the server has stored some, then cut the line.
@@ -82,9 +97,9 @@ def test_dropped_connection_resumes_at_the_offset(sshd: Sshd, tmp_path: Path) ->
     layer.put(checkpoint, resumed)
     assert resumed.resumed == offset  # the partial file was continued, not sent again
     assert resumed.sent == resumed.total - offset
-    assert layer.steps() == [3]
+    assert steps(layer) == [3]
     assert not partial.exists()
-    assert_same_checkpoint(checkpoint, layer.fetch(3, tmp_path / "fetched"))
+    assert_same_checkpoint(checkpoint, layer.fetch(ref(3), tmp_path / "fetched"))
 
 
 def test_corrupt_remote_file_is_seen_by_the_remote_hash(sshd: Sshd, tmp_path: Path) -> None:
@@ -92,11 +107,13 @@ def test_corrupt_remote_file_is_seen_by_the_remote_hash(sshd: Sshd, tmp_path: Pa
     layer = _layer(sshd, tmp_path)
     for step in (10, 20):
         layer.put(save(l1, step, model_bytes=MIB))
-    victim = tmp_path / "remote" / step_dirname(20) / "model.safetensors"
+    victim = tmp_path / "remote" / ref(20).path / "model.safetensors"
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
-    assert layer.verify(20) == ["model.safetensors: changed on the layer since it was uploaded"]
+    assert layer.verify(ref(20)) == [
+        "model.safetensors: changed on the layer since it was uploaded"
+    ]
     result = restore(tmp_path / "fresh", [layer])
     assert (result.step, result.from_layer) == (10, "scp-backup")
 
@@ -104,4 +121,4 @@ def test_corrupt_remote_file_is_seen_by_the_remote_hash(sshd: Sshd, tmp_path: Pa
 def test_unknown_host_key_is_refused(sshd: Sshd, tmp_path: Path) -> None:
     layer = _layer(sshd, tmp_path, known_hosts=False)
     with pytest.raises(LayerError, match="not found in known_hosts"):
-        layer.steps()
+        layer.checkpoints()

@@ -11,9 +11,23 @@ from trainguard.agent.shipper import FAILED, SHIPPER_NICE, VERIFIED, Shipper
 from trainguard.ckpt import CheckpointTransaction, Contents, scan, step_dirname
 from trainguard.initsteps.restore import restore
 from trainguard.layers import FileLayer, LayerConfig, Transfer, open_layer
+from trainguard.layers.lineage import CheckpointRef, Origin
 from trainguard_dev.testing.polling import eventually
 
 pytestmark = pytest.mark.unit
+
+# What a layer opened outside a pod ships as.
+LOCAL = Origin.of("", None)
+
+
+def ref(step: int) -> CheckpointRef:
+    """A checkpoint shipped outside a pod."""
+    return CheckpointRef(step, LOCAL)
+
+
+def steps(layer: FileLayer) -> list[int]:
+    """The steps of the complete checkpoints on the layer."""
+    return [r.step for r in layer.checkpoints()]
 
 
 def _save(root: Path, step: int, payload: bytes = b"x" * 4096) -> Path:
@@ -35,11 +49,12 @@ def test_ships_newest_and_keeps_n(tmp_path: Path) -> None:
     for step in (10, 20, 30):
         _save(l1, step)
         shipper.ship_once()
-    assert layer.steps() == [20, 30]
+    assert steps(layer) == [20, 30]
     state = shipper.states()["backup"]
     assert state["state"] == VERIFIED
     assert state["step"] == 30
-    assert all(not layer.verify(s) for s in layer.steps())
+    assert layer.checkpoints() == [ref(20), ref(30)]
+    assert all(not layer.verify(r) for r in layer.checkpoints())
 
 
 def test_corrupt_l1_checkpoint_is_never_shipped(tmp_path: Path) -> None:
@@ -51,7 +66,7 @@ def test_corrupt_l1_checkpoint_is_never_shipped(tmp_path: Path) -> None:
     (bad / "model.bin").write_bytes(bytes(data))
     layer = _layer(remote)
     Shipper(l1, [layer]).ship_once()
-    assert layer.steps() == [10]
+    assert steps(layer) == [10]
 
 
 def test_weights_layer_gets_weights_only(tmp_path: Path) -> None:
@@ -59,10 +74,11 @@ def test_weights_layer_gets_weights_only(tmp_path: Path) -> None:
     _save(l1, 5)
     layer = _layer(remote, contents="weights")
     Shipper(l1, [layer]).ship_once()
-    shipped = remote / step_dirname(5)
+    shipped = remote / ref(5).path
     assert sorted(p.name for p in shipped.iterdir()) == ["MANIFEST.json", "model.bin"]
-    assert scan(remote).valid[0].manifest is not None
-    assert scan(remote).valid[0].manifest.contents == Contents.WEIGHTS  # type: ignore[union-attr]
+    manifest = scan(remote / LOCAL.path).valid[0].manifest
+    assert manifest is not None
+    assert manifest.contents == Contents.WEIGHTS
 
 
 def test_failed_upload_is_reported_with_the_error(tmp_path: Path) -> None:
@@ -80,7 +96,7 @@ def test_failed_upload_is_reported_with_the_error(tmp_path: Path) -> None:
 def test_restore_prefers_newest_then_cheapest_and_skips_corrupt(tmp_path: Path) -> None:
     l1, remote = tmp_path / "l1", tmp_path / "remote"
     for step in (10, 20):
-        _save(remote, step)
+        _save(remote / LOCAL.path, step)  # where a layer opened outside a pod keeps them
     _save(l1, 10)
     layer = _layer(remote)
     result = restore(l1, [layer])
@@ -92,7 +108,7 @@ def test_restore_prefers_newest_then_cheapest_and_skips_corrupt(tmp_path: Path) 
 
     # A corrupt newest copy on a fresh node: reported and skipped, the previous one restored.
     fresh = tmp_path / "fresh-l1"
-    victim = remote / step_dirname(20) / "optimizer.bin"
+    victim = remote / ref(20).path / "optimizer.bin"
     victim.write_bytes(b"corrupted")
     result = restore(fresh, [layer])
     assert (result.step, result.from_layer) == (10, "backup")
@@ -112,9 +128,9 @@ def test_flush_ships_now_despite_cadence(tmp_path: Path) -> None:
     shipper.ship_once()
     _save(l1, 2)
     shipper.ship_once()
-    assert layer.steps() == [1]  # the cadence held step 2 back
+    assert steps(layer) == [1]  # the cadence held step 2 back
     assert shipper.flush(timeout_s=5)
-    assert layer.steps() == [1, 2]
+    assert steps(layer) == [1, 2]
 
 
 def test_open_layer_uses_the_mounted_path(tmp_path: Path) -> None:
@@ -135,22 +151,22 @@ def test_shipping_runs_at_a_lower_cpu_priority_than_training(tmp_path: Path) -> 
     seen: list[int] = []
 
     class Watching(FileLayer):
-        def put(self, checkpoint: Path, transfer: Transfer | None = None) -> None:
+        def put(self, checkpoint: Path, transfer: Transfer | None = None) -> CheckpointRef:
             # Runs on one of the shipper's upload threads.
             seen.append(_nice_of_thread(threading.get_native_id()))
-            super().put(checkpoint, transfer)
+            return super().put(checkpoint, transfer)
 
     _save(l1, 10)
     layer = Watching(LayerConfig("backup", f"file://{remote}"), remote)
     shipper = Shipper(l1, [layer], poll_s=0.05)
     shipper.start()
     try:
-        eventually(layer.steps, 10, "a shipped checkpoint", 0.05)
+        eventually(lambda: steps(layer), 10, "a shipped checkpoint", 0.05)
         assert shipper.native_id is not None
         assert _nice_of_thread(shipper.native_id) == SHIPPER_NICE
     finally:
         shipper.stop()
         shipper.join(timeout=10)
-    assert layer.steps() == [10]
+    assert steps(layer) == [10]
     assert seen and all(nice == SHIPPER_NICE for nice in seen), seen
     assert _nice_of_thread(threading.get_native_id()) == 0  # the caller's own is untouched

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from run_factory import UID, make_run
 
+from trainguard.api import TrainingRun
 from trainguard.contract import env
 from trainguard.contract.env import ContractError, PodEnv, layer_path_env, layer_secrets_env
 from trainguard.layers import Credentials
@@ -198,7 +199,9 @@ def test_only_the_agent_holds_the_api_token() -> None:
 
 
 def test_every_container_gets_the_whole_env_contract() -> None:
-    manifest = pod({"data": {"source": {"uri": "s3://shards/x"}, "size": "2Gi"}}, attempt=2)
+    run = make_run({"data": {"source": {"uri": "s3://shards/x"}, "size": "2Gi"}}).to_object()
+    run["status"] = {"fences": [{"attempt": 1, "step": 40, "time": "2026-12-01T10:00:00Z"}]}
+    manifest = training_pod(TrainingRun.from_object(run), PodInputs(2, agent_image=IMAGE))
     for container in containers(manifest).values():
         names = [e["name"] for e in container["env"]]
         assert len(names) == len(set(names)), container["name"]
@@ -208,6 +211,7 @@ def test_every_container_gets_the_whole_env_contract() -> None:
     assert values[env.RUN_UID] == UID
     assert values[env.NAMESPACE] == "team-a"
     assert values[env.ATTEMPT] == "2"
+    assert values[env.FENCES] == '{"1":40}'
     assert values[env.LEASE_NAME] == "llm-heartbeat"
     assert values[env.NODE_NAME] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert values[env.POD_NAME] == {"fieldRef": {"fieldPath": "metadata.name"}}

@@ -44,6 +44,14 @@ def full_run() -> TrainingRun:
     }
     run = example_run("full", spec=changes, namespace="team-a")
     run["metadata"]["uid"] = "0f6c-uid"
+    # Attempt 3's predecessors: one fenced at the step it reported, one that reported none.
+    run["status"] = {
+        "attempt": 2,
+        "fences": [
+            {"attempt": 1, "step": 120, "time": "2026-12-01T10:00:00Z"},
+            {"attempt": 2, "time": "2026-12-01T11:00:00Z"},
+        ],
+    }
     return TrainingRun.from_object(run)
 
 
@@ -69,6 +77,7 @@ def expected_from_spec(run: TrainingRun, with_secrets: bool) -> dict[str, Any]:
         "run_uid": "0f6c-uid",
         "namespace": "team-a",
         "attempt": 3,
+        "fences": {1: 120, 2: None},
         "lease_name": "full-heartbeat",
         "pod_name": POD,
         "node_name": NODE,

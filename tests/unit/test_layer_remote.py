@@ -30,8 +30,9 @@ from trainguard.layers import (
     open_layer,
     weight_files,
 )
-from trainguard.layers.base import FINGERPRINTS_FILENAME, RemoteLayer, Uploads, step_key
+from trainguard.layers.base import FINGERPRINTS_FILENAME, RemoteLayer, Uploads
 from trainguard.layers.hf import HfLayer
+from trainguard.layers.lineage import CheckpointRef, Origin, checkpoint_key, parse_key
 from trainguard.layers.s3 import S3Store
 from trainguard.layers.shards import ShardError, split
 from trainguard.layers.ssh import SshStore
@@ -53,12 +54,13 @@ class MemoryStore:
     def fingerprint(data: bytes) -> str:
         return f"{len(data)}:{data[:8].hex()}:{data[-8:].hex()}"
 
-    def list_steps(self) -> dict[int, bool]:
-        found: dict[int, bool] = {}
+    def list_checkpoints(self) -> dict[CheckpointRef, bool]:
+        found: dict[CheckpointRef, bool] = {}
         for key in self.objects:
-            directory, _, name = key.partition("/")
-            step = int(directory.removeprefix("step-"))
-            found[step] = found.get(step, False) or name == MANIFEST_FILENAME
+            parsed = parse_key(key)
+            assert parsed is not None, key
+            ref, name = parsed
+            found[ref] = found.get(ref, False) or name == MANIFEST_FILENAME
         return found
 
     def read(self, key: str) -> bytes | None:
@@ -92,11 +94,25 @@ class MemoryStore:
     def download(self, key: str) -> Iterator[Iterator[bytes]]:
         yield iter([self.objects[key]])
 
-    def delete_step(self, step: int) -> None:
-        prefix = f"step-{step:08d}/"
+    def delete(self, ref: CheckpointRef) -> None:
+        prefix = f"{ref.path}/"
         self.objects.pop(prefix + MANIFEST_FILENAME, None)
         for key in [k for k in self.objects if k.startswith(prefix)]:
             del self.objects[key]
+
+
+# What a layer opened outside a pod ships as.
+LOCAL = Origin.of("", None)
+
+
+def ref(step: int) -> CheckpointRef:
+    """A checkpoint shipped outside a pod."""
+    return CheckpointRef(step, LOCAL)
+
+
+def step_key(step: int, name: str) -> str:
+    """The key of a file of a checkpoint shipped outside a pod."""
+    return checkpoint_key(ref(step), name)
 
 
 def _layer(contents: str = "full", secret: str = SECRET) -> tuple[RemoteLayer, MemoryStore]:
@@ -104,6 +120,11 @@ def _layer(contents: str = "full", secret: str = SECRET) -> tuple[RemoteLayer, M
     credentials = Credentials({SECRET_KEY_S3_SECRET_ACCESS_KEY: secret})
     config = LayerConfig("mem", "s3://bucket/prefix", contents=contents)
     return RemoteLayer(config, store, credentials), store
+
+
+def steps(layer: RemoteLayer) -> list[int]:
+    """The steps of the complete checkpoints on the layer."""
+    return [r.step for r in layer.checkpoints()]
 
 
 def _save(root: Path, step: int) -> Path:
@@ -122,8 +143,9 @@ def test_files_first_then_fingerprints_then_the_manifest(tmp_path: Path) -> None
         f"write {step_key(4, FINGERPRINTS_FILENAME)}",
         f"write {step_key(4, MANIFEST_FILENAME)}",
     ]
-    assert layer.steps() == [4]
-    assert layer.verify(4) == []
+    assert steps(layer) == [4]
+    assert step_key(4, MANIFEST_FILENAME) == "run-local/attempt-0/step-00000004/MANIFEST.json"
+    assert layer.verify(ref(4)) == []
     layer.put(_save(tmp_path, 4))  # already there: nothing is sent again
     assert len(store.log) == 4
 
@@ -132,8 +154,8 @@ def test_a_step_without_manifest_is_not_listed(tmp_path: Path) -> None:
     layer, store = _layer()
     layer.put(_save(tmp_path, 4))
     del store.objects[step_key(4, MANIFEST_FILENAME)]
-    assert layer.steps() == []
-    assert layer.verify(4) == [f"missing {MANIFEST_FILENAME}"]
+    assert steps(layer) == []
+    assert layer.verify(ref(4)) == [f"missing {MANIFEST_FILENAME}"]
 
 
 def test_weights_layer_ships_the_model_only(tmp_path: Path) -> None:
@@ -153,9 +175,9 @@ def test_fetch_hashes_every_byte_and_restore_falls_back(tmp_path: Path) -> None:
     data = bytearray(store.objects[key])
     data[100] ^= 1  # same length, same ends: the fingerprint cannot see it
     store.objects[key] = bytes(data)
-    assert layer.verify(2) == []
+    assert layer.verify(ref(2)) == []
     with pytest.raises(LayerError, match="hash or size differs"):
-        layer.fetch(2, tmp_path / "dest")
+        layer.fetch(ref(2), tmp_path / "dest")
     assert not list((tmp_path / "dest").glob("step-*"))
     result = restore(tmp_path / "fresh", [layer])
     assert (result.step, result.from_layer) == (1, "mem")
@@ -169,9 +191,9 @@ def test_prune_keeps_newest_verified_and_leaves_invalid_ones(tmp_path: Path) -> 
     store.objects.pop(step_key(4, "model.safetensors"))  # newest is broken: never counted
     store.objects[step_key(0, "model.safetensors")] = b"abandoned partial upload"
     fresh = RemoteLayer(layer.config, store, layer.credentials)  # no memory of its puts
-    assert fresh.prune(2) == [1]
-    assert fresh.steps() == [2, 3, 4]
-    assert 0 not in store.list_steps()
+    assert fresh.prune(2) == [ref(1)]
+    assert steps(fresh) == [2, 3, 4]
+    assert ref(0) not in store.list_checkpoints()
     with pytest.raises(ValueError):
         fresh.prune(0)
 

@@ -11,6 +11,7 @@ import pytest
 from trainguard.agent.shipper import UPLOADING, VERIFIED, RateLimiter, Shipper
 from trainguard.ckpt import CheckpointTransaction
 from trainguard.layers import LayerConfig, Transfer
+from trainguard.layers.lineage import CheckpointRef, Lineage, Origin
 from trainguard_dev.testing.polling import eventually
 
 pytestmark = pytest.mark.unit
@@ -23,15 +24,16 @@ class SlowLayer:
 
     def __init__(self, name: str, chunks: int = 4) -> None:
         self.config = LayerConfig(name, f"s3://bucket/{name}")
+        self.origin = Origin.of("", None)
         self.chunks = chunks
         self.seen: list[dict[str, object]] = []
         self.shipper: Shipper | None = None
         self.stored: list[int] = []
 
-    def steps(self) -> list[int]:
-        return self.stored
+    def checkpoints(self) -> list[CheckpointRef]:
+        return [CheckpointRef(step, self.origin) for step in sorted(self.stored)]
 
-    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> None:
+    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> CheckpointRef:
         assert transfer is not None
         transfer.begin(self.chunks * MIB)
         transfer.advance(MIB, sent=False)  # one MiB already there (a resumed upload)
@@ -39,15 +41,17 @@ class SlowLayer:
             transfer.advance(MIB)
             if self.shipper is not None:
                 self.seen.append(self.shipper.states()[self.config.name])
-        self.stored.append(int(checkpoint.name.removeprefix("step-")))
+        step = int(checkpoint.name.removeprefix("step-"))
+        self.stored.append(step)
+        return CheckpointRef(step, self.origin)
 
-    def fetch(self, step: int, dest_root: Path) -> Path:
+    def fetch(self, ref: CheckpointRef, dest_root: Path) -> Path:
         raise NotImplementedError
 
-    def verify(self, step: int) -> list[str]:
+    def verify(self, ref: CheckpointRef) -> list[str]:
         return []
 
-    def prune(self, keep: int) -> list[int]:
+    def prune(self, keep: int, lineage: Lineage | None = None) -> list[CheckpointRef]:
         return []
 
 
@@ -67,14 +71,15 @@ class CountedLayer(SlowLayer):
         super().__init__(name)
         self.gauge = gauge
 
-    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> None:
+    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> CheckpointRef:
         with self.gauge.lock:
             self.gauge.now += 1
             self.gauge.most = max(self.gauge.most, self.gauge.now)
         time.sleep(0.3)
-        super().put(checkpoint, transfer)
+        shipped = super().put(checkpoint, transfer)
         with self.gauge.lock:
             self.gauge.now -= 1
+        return shipped
 
 
 def _save(l1: Path, step: int) -> None:

@@ -17,6 +17,7 @@ import pytest
 from run_factory import NAMESPACE, UID, make_run
 
 from trainguard.api.constants import Verdict
+from trainguard.api.status import LayerCheckpoint
 from trainguard.operator.k8s.nodehealth import NodeChecks
 from trainguard.operator.k8s.pods import pod_view
 from trainguard.operator.k8s.reconcile import Settings, reconcile
@@ -163,7 +164,8 @@ def test_suspend_then_resume_moves_to_the_next_attempt() -> None:
     cycle(api)
     assert [p["metadata"]["name"] for p in api.pods()] == ["llm-2"]
     assert api.run()["status"]["restarts"] == 0
-    assert [e["reason"] for e in api.events] == ["Scheduling", "Suspended", "Scheduling"]
+    reasons = [e["reason"] for e in api.events]
+    assert reasons == ["Scheduling", "Suspended", "Scheduling", "AttemptFenced"]
 
 
 def test_an_invalid_spec_is_reported_not_acted_on() -> None:
@@ -235,3 +237,48 @@ def test_the_next_attempt_waits_for_the_restart_back_off_and_books_a_cycle() -> 
     messages = [c["message"] for c in status["conditions"]]
     assert any("restart back-off: attempt 2 not before" in m for m in messages), messages
     assert outcomes[-1].retry_after is not None and 25 < outcomes[-1].retry_after <= 30
+
+
+def _env(pod: dict[str, Any], name: str) -> str | None:
+    trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+    return next((e.get("value") for e in trainer["env"] if e["name"] == name), None)
+
+
+def test_the_next_attempt_is_told_the_fence_of_the_attempt_it_supersedes() -> None:
+    """Attempt 1 reported step 100 on its layer: the fence is stored before pod 2 exists."""
+    shipped = (LayerCheckpoint(layer="s3", step=100, verified=True),)
+    for crash_at in [None, *range(1, 14)]:
+        api = api_with_run(recovery={"backoff": {"initialSeconds": 0}})
+        api.objects["/api/v1/nodes/gpu-a"] = {"metadata": {"name": "gpu-a", "resourceVersion": "1"}}
+        cycle(api)
+        api.objects[f"/api/v1/namespaces/{NAMESPACE}/pods/llm-1"]["spec"]["nodeName"] = "gpu-a"
+        sick = LeaseView(
+            Verdict.GHOST_MEMORY, 120, 100, '{"reason":"held"}', holder="llm-1", layers=shipped
+        )
+        api.requests, api.crash_at = 0, crash_at
+        with contextlib.suppress(Crash):
+            for _ in range(3):
+                reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, False, lease=sick)  # type: ignore[arg-type]
+        api.crash_at = None
+        for _ in range(3):
+            reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, False, lease=sick)  # type: ignore[arg-type]
+        [pod] = api.pods()
+        assert pod["metadata"]["name"] == "llm-2", crash_at
+        fences = [(f["attempt"], f["step"]) for f in api.run()["status"]["fences"]]
+        assert fences == [(1, 100)], crash_at
+        assert _env(pod, "TRAINGUARD_FENCES") == '{"1":100}', crash_at
+        if crash_at is None:
+            fenced = [e for e in api.events if e["reason"] == "AttemptFenced"]
+            assert len(fenced) == 1 and "up to step 100" in fenced[0]["message"]
+
+
+def test_an_attempt_that_never_renewed_the_lease_is_fenced_without_a_step() -> None:
+    api = api_with_run()
+    cycle(api)
+    api.objects = {p: o for p, o in api.objects.items() if "/pods/" not in p}  # pod lost
+    stale = LeaseView(Verdict.HEALTHY, holder="someone-else")
+    reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, False, lease=stale)  # type: ignore[arg-type]
+    [pod] = api.pods()
+    assert pod["metadata"]["name"] == "llm-2"
+    assert [(f["attempt"], f.get("step")) for f in api.run()["status"]["fences"]] == [(1, None)]
+    assert _env(pod, "TRAINGUARD_FENCES") == '{"1":null}'

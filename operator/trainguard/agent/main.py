@@ -40,10 +40,13 @@ from trainguard.contract import env, reports
 from trainguard.contract.env import PodEnv
 from trainguard.contract.files import RESTORE_FILENAME, read_restore_report, share_with_pod
 from trainguard.layers import LayerConfig, open_layer
+from trainguard.layers.lineage import Lineage, Origin
 
 ANNOTATION_LAYERS = constants.ANNOTATION_LAYERS
 ANNOTATION_RESTORED = constants.ANNOTATION_RESTORED
 ANNOTATION_LIMIT = 1000  # bytes of evidence JSON; all annotations stay well under 1 KiB
+# The per-layer report: up to 8 layers with 63-character names fit whole (state, steps) in it.
+LAYERS_ANNOTATION_LIMIT = 2000
 MAX_BACKOFF_S = 30.0
 KILL_RETRY_S = 30.0  # a hung trainer that could not be killed is tried again after this
 STACK_EVENT_BYTES = 900  # an Event message stays under 1 KiB
@@ -65,6 +68,35 @@ def compact_evidence(verdict: Verdict) -> str:
         data["reason"] = data["reason"][: len(data["reason"]) // 2] + "..."
         text = json.dumps(data, separators=(",", ":"))
     return text
+
+
+def layers_report(states: dict[str, dict[str, Any]]) -> tuple[str, dict[str, dict[str, Any]]]:
+    """The shipper's per-layer states as the Lease's JSON, and the states it holds.
+
+    Bounded by construction, never cut mid-JSON: over the limit, error messages are shortened
+    and then dropped, then the byte counts; the state and steps of every layer always stay.
+    """
+    layers = {
+        name: {k: v for k, v in state.items() if v is not None and k != "at"}
+        for name, state in states.items()
+    }
+
+    def text() -> str:
+        return json.dumps(layers, separators=(",", ":"))
+
+    for budget in (200, 80, 0):
+        if len(text().encode()) <= LAYERS_ANNOTATION_LIMIT:
+            break
+        for state in layers.values():
+            if "error" in state:
+                state["error"] = str(state["error"])[:budget]
+                if not budget:
+                    del state["error"]
+    if len(text().encode()) > LAYERS_ANNOTATION_LIMIT:
+        for state in layers.values():
+            state.pop("bytes_done", None)
+            state.pop("bytes_total", None)
+    return text(), layers
 
 
 def _frame_path(match: re.Match[str]) -> str:
@@ -99,6 +131,14 @@ def shorten_dump(dump: str) -> str:
     marker = "(truncated) ...\n"
     keep = STACK_EVENT_BYTES - len(marker)
     return data[:keep].decode(errors="ignore") + marker
+
+
+def _fit(message: str) -> str:
+    """A message cut to fit an Event (under 1 KiB), marked when cut."""
+    data = message.encode()
+    if len(data) <= STACK_EVENT_BYTES:
+        return message
+    return data[: STACK_EVENT_BYTES - 4].decode(errors="ignore") + " ..."
 
 
 def since_text(wall: float) -> str:
@@ -143,6 +183,7 @@ class Agent:
         self.since_pid: int | None = None  # the trainer the current verdict is about
         self.backoff = 0.0
         self.next_api_try = 0.0
+        self.reporting: dict[str, dict[str, Any]] = {}  # the layer states of the renewal under way
 
     def note_restore(self) -> None:
         """Tell what the restore step did, once its account is there.
@@ -154,6 +195,11 @@ class Agent:
         if self.restored:
             log(self.restored)
             self.pending_events.append(("Restored", self.restored, False))
+        if report is not None and report.fenced:
+            fenced = "; ".join(report.fenced)
+            log(f"restore ignored fenced checkpoints: {fenced}")
+            message = f"restore ignored what superseded attempts shipped after a fence: {fenced}"
+            self.pending_events.append(("FencedCheckpointsIgnored", _fit(message), True))
 
     def step(self) -> Verdict:
         """Observe, classify, act on Hung, report."""
@@ -216,11 +262,7 @@ class Agent:
         saved = newest_saved_step(self.pod.l1_dir)
         extra = {}
         if self.shipper is not None:
-            layers = {
-                name: {k: v for k, v in state.items() if v is not None and k != "at"}
-                for name, state in self.shipper.states().items()
-            }
-            extra[ANNOTATION_LAYERS] = json.dumps(layers, separators=(",", ":"))[:ANNOTATION_LIMIT]
+            extra[ANNOTATION_LAYERS], self.reporting = layers_report(self.shipper.states())
         if self.restored:
             extra[ANNOTATION_RESTORED] = self.restored
         # The init steps' progress and results, for the run's status (live during staging).
@@ -243,6 +285,8 @@ class Agent:
             return
         try:
             self.client.renew(self.lease_duration, self.annotations(verdict))
+            if self.shipper is not None:
+                self.shipper.acknowledge(self.reporting)
             while self.pending_events:
                 reason, message, warning = self.pending_events[0]
                 self.client.event(reason, message, warning)
@@ -311,8 +355,10 @@ def main(argv: list[str]) -> int:
         except AgentApiError as err:
             log(f"{err}; retrying in 5s")
             time.sleep(5)
-    layers = [open_layer(LayerConfig.from_spec(layer), environ) for layer in pod.layers]
-    shipper = Shipper(pod.l1_dir, layers) if layers else None
+    origin = Origin.of(pod.run_uid, pod.attempt)
+    layers = [open_layer(LayerConfig.from_spec(layer), environ, origin) for layer in pod.layers]
+    lineage = Lineage(origin, pod.fences)
+    shipper = Shipper(pod.l1_dir, layers, lineage=lineage) if layers else None
     if shipper is not None:
         shipper.start()
     log(f"watching run {run.namespace}/{run.name} as {holder}; {len(layers)} remote layers")

@@ -8,6 +8,12 @@ Layers upload in parallel, at most `max_concurrent` at once, and all together st
 optional bandwidth cap (bytes per second, shared, so the node's uplink is left to training's
 own traffic). `flush` ships the newest checkpoint now, with a bounded wait, before a deliberate
 pod deletion.
+
+In a pod, keep-N works within the run's lineage (`trainguard.layers.lineage`) and counts only
+the checkpoints the agent has reported to the operator (`acknowledge`, after each Lease renewal
+that carried them): a newer one stays on top of the N until it is reported. The operator fences
+a superseded attempt at its newest reported checkpoint, so an agent cut off from the API (a
+partitioned node) never prunes the checkpoint its successor resumes from.
 """
 
 from __future__ import annotations
@@ -17,13 +23,15 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from trainguard.ckpt import scan, verify
 from trainguard.layers import Layer, LayerError
+from trainguard.layers.lineage import Lineage
 
 PENDING = "pending"
 UPLOADING = "uploading"
@@ -105,13 +113,21 @@ class Shipper(threading.Thread):
         *,
         max_concurrent: int = DEFAULT_MAX_CONCURRENT,
         bandwidth_bytes_per_s: float | None = None,
+        lineage: Lineage | None = None,
     ) -> None:
+        """Ship from `l1` to `layers`.
+
+        `lineage`: the pod's (its attempt and the fences); keep-N then counts only what
+        `acknowledge` reported. None (outside a pod): every shipped checkpoint counts.
+        """
         super().__init__(name="trainguard-shipper", daemon=True)
         self.l1 = l1
         self.layers = layers
         self.poll_s = poll_s
         self.max_concurrent = max(1, max_concurrent)
         self.limiter = RateLimiter(bandwidth_bytes_per_s) if bandwidth_bytes_per_s else None
+        self.lineage = lineage
+        self._reported: dict[str, int] = {}  # layer -> newest step the operator was told of
         self._lock = threading.Lock()
         self._states = {layer.config.name: LayerState() for layer in layers}
         self._verified: set[int] = set()
@@ -125,6 +141,22 @@ class Shipper(threading.Thread):
         """A copy of every layer's state (for the Lease and status)."""
         with self._lock:
             return {name: asdict(state) for name, state in self._states.items()}
+
+    def acknowledge(self, reported: Mapping[str, Mapping[str, Any]]) -> None:
+        """These layer states (as `states()` gave them) reached the operator."""
+        with self._lock:
+            for name, state in reported.items():
+                step = state.get("step")
+                if isinstance(step, int) and step > self._reported.get(name, -1):
+                    self._reported[name] = step
+
+    def _lineage(self, layer: Layer) -> Lineage | None:
+        """The lineage keep-N works in for `layer`: own checkpoints up to the reported one."""
+        if self.lineage is None:
+            return None
+        with self._lock:
+            reported = self._reported.get(layer.config.name, -1)
+        return replace(self.lineage, own_limit=reported)
 
     def newest_verified(self) -> int | None:
         """Newest L1 step that verified (each checkpoint is hashed once)."""
@@ -173,7 +205,7 @@ class Shipper(threading.Thread):
         self._set(name, state=UPLOADING, uploading=step, error=None)
         try:
             layer.put(path, _Progress(self, name))
-            layer.prune(layer.config.keep)
+            layer.prune(layer.config.keep, self._lineage(layer))
         except (LayerError, OSError) as err:
             delay = min(MAX_RETRY_S, 2 * max(1.0, now - self._retry_at.get(name, now)))
             self._retry_at[name] = now + delay

@@ -27,6 +27,7 @@ from trainguard.api.types import MAX_LABEL_LENGTH, MAX_NAME_LENGTH
 MAX_CONDITIONS = 32
 MAX_EXCLUDED_NODES = 256
 MAX_LAYERS = 16
+MAX_FENCES = 64
 MAX_MESSAGE_LENGTH = 32768
 MAX_REASON_LENGTH = 1024
 # metav1.Condition's patterns and bounds.
@@ -109,6 +110,19 @@ class LayerCheckpoint(StatusModel):
     shipping: Shipping | None = Field(
         default=None, description="Upload in progress or last finished (remote layers)."
     )
+
+
+class Fence(StatusModel):
+    """A superseded attempt and the newest checkpoint it reported: its limit in the lineage."""
+
+    attempt: int = Field(ge=1, description="The superseded attempt.")
+    step: int | None = Field(
+        default=None,
+        ge=0,
+        description="Newest checkpoint step it reported on a remote layer. Restore uses its "
+        "checkpoints up to this step only; none: it reported none, and none is used.",
+    )
+    time: Timestamp = Field(description="When the next attempt was started.")
 
 
 class Failure(StatusModel):
@@ -227,6 +241,13 @@ class TrainingRunStatus(StatusModel):
         max_length=MAX_EXCLUDED_NODES,
         description="Nodes the run will not be placed on again.",
         json_schema_extra=map_list("node"),
+    )
+    fences: list[Fence] = Field(
+        default_factory=list,
+        max_length=MAX_FENCES,
+        description="Superseded attempts and the newest checkpoint each reported: what they "
+        "ship later (a pod on a partitioned node) is never restored.",
+        json_schema_extra=map_list("attempt"),
     )
     last_failure: Failure | None = Field(default=None, description="The last failure.")
     preflight: Preflight | None = Field(

@@ -26,9 +26,17 @@ from trainguard.ckpt.manifest import (
     FileEntry,
     Manifest,
 )
-from trainguard.ckpt.retention import PruneResult, prune, remove_partials
+from trainguard.ckpt.retention import PruneResult, prune, remove_checkpoint_dir, remove_partials
 from trainguard.ckpt.txn import CheckpointTransaction, CheckpointWriteError, Committed
-from trainguard.ckpt.verify import Scan, Search, Verification, find_newest_valid, scan, verify
+from trainguard.ckpt.verify import (
+    Scan,
+    Search,
+    Verification,
+    find_newest_valid,
+    list_checkpoint_dirs,
+    scan,
+    verify,
+)
 
 __all__ = [
     "BLAKE3",
@@ -54,9 +62,11 @@ __all__ = [
     "copy_checkpoint",
     "find_newest_valid",
     "hash_file",
+    "list_checkpoint_dirs",
     "new_hasher",
     "parse_step_dirname",
     "prune",
+    "remove_checkpoint_dir",
     "remove_partials",
     "scan",
     "step_dirname",

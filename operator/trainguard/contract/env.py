@@ -12,6 +12,7 @@ built from an empty spec see the same values.
 | TRAINGUARD_RUN_UID | run_uid | UID of the TrainingRun (Events from the agent refer to it) |
 | TRAINGUARD_NAMESPACE | namespace | its namespace |
 | TRAINGUARD_ATTEMPT | attempt | attempt number k (1-based); a new pod is a new attempt |
+| TRAINGUARD_FENCES | fences | superseded attempts -> newest step each reported (JSON; null: none) |
 | TRAINGUARD_LEASE_NAME | lease_name | the run's heartbeat Lease (`<run>-heartbeat`) |
 | TRAINGUARD_POD_NAME | pod_name | the pod's name (downward API; the Lease holder) |
 | TRAINGUARD_NODE_NAME | node_name | node the pod runs on (downward API) |
@@ -73,6 +74,7 @@ RUN_NAME = "TRAINGUARD_RUN_NAME"
 RUN_UID = "TRAINGUARD_RUN_UID"
 NAMESPACE = "TRAINGUARD_NAMESPACE"
 ATTEMPT = "TRAINGUARD_ATTEMPT"
+FENCES = "TRAINGUARD_FENCES"
 LEASE_NAME = "TRAINGUARD_LEASE_NAME"
 POD_NAME = "TRAINGUARD_POD_NAME"
 NODE_NAME = "TRAINGUARD_NODE_NAME"
@@ -157,6 +159,9 @@ class PodEnv(BaseModel):
     run_uid: str = ""
     namespace: str = "default"
     attempt: int | None = Field(default=None, ge=1)
+    # Restore and prune never use a superseded attempt's checkpoints above its fence
+    # (`trainguard.layers.lineage`).
+    fences: dict[int, int | None] = Field(default_factory=dict)
     lease_name: str = ""
     pod_name: str = ""
     node_name: str = ""
@@ -224,7 +229,7 @@ class PodEnv(BaseModel):
         values: dict[str, str] = {}
         for field, variable, _, render in _FIELDS:
             value = getattr(self, field)
-            if value is None or value == "" or field in _DOWNWARD_FIELDS:
+            if value is None or value == "" or value == {} or field in _DOWNWARD_FIELDS:
                 continue
             values[variable] = render(value)
         for name, path in self.layer_paths.items():
@@ -290,6 +295,18 @@ def _layers(raw: str) -> tuple[RemoteLayer, ...]:
     return tuple(RemoteLayer.model_validate(item) for item in items)
 
 
+def _fences(raw: str) -> dict[int, int | None]:
+    items = json.loads(raw)
+    if not isinstance(items, dict):
+        raise ValueError("a JSON object of attempt -> step or null")
+    fences: dict[int, int | None] = {}
+    for attempt, step in items.items():
+        if not (step is None or (isinstance(step, int) and step >= 0)):
+            raise ValueError(f"attempt {attempt}: a step or null, got {step!r}")
+        fences[int(attempt)] = step
+    return fences
+
+
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -299,6 +316,7 @@ _FIELDS: tuple[tuple[str, str, Callable[[str], Any], Callable[[Any], str]], ...]
     ("run_uid", RUN_UID, str, str),
     ("namespace", NAMESPACE, str, str),
     ("attempt", ATTEMPT, int, str),
+    ("fences", FENCES, _fences, lambda v: _compact({str(k): s for k, s in sorted(v.items())})),
     ("lease_name", LEASE_NAME, str, str),
     ("pod_name", POD_NAME, str, str),
     ("node_name", NODE_NAME, str, str),

@@ -100,17 +100,24 @@ def read_json(path: Path) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class RestoreReport:
-    """What `trainguard restore` did: the step it brought into L1 and from which layer."""
+    """What `trainguard restore` did: the step it brought into L1, from which layer and attempt.
+
+    `fenced`: the checkpoints it ignored because a superseded attempt shipped them after its
+    fence (`trainguard.layers.lineage`), one line each.
+    """
 
     step: int | None
     from_layer: str | None
     skipped: tuple[str, ...] = ()
+    origin: str | None = None
+    fenced: tuple[str, ...] = ()
 
     def line(self) -> str:
         """A one-line account for the agent's log and the run's Events."""
         if self.step is None:
             return "no checkpoint to restore: started fresh"
-        return f"restored step {self.step} from layer {self.from_layer}"
+        origin = f" ({self.origin})" if self.origin else ""
+        return f"restored step {self.step}{origin} from layer {self.from_layer}"
 
 
 def write_restore_report(path: Path, report: RestoreReport) -> None:
@@ -126,8 +133,11 @@ def read_restore_report(path: Path) -> RestoreReport | None:
         return None
     step = data.get("step")
     layer = data.get("from_layer")
+    origin = data.get("origin")
     return RestoreReport(
         step=step if isinstance(step, int) else None,
         from_layer=str(layer) if layer else None,
         skipped=tuple(str(line) for line in data.get("skipped") or ()),
+        origin=str(origin) if origin else None,
+        fenced=tuple(str(line) for line in data.get("fenced") or ()),
     )

@@ -1,7 +1,10 @@
 """Remote checkpoint layers behind one interface: put, list, fetch, verify, prune.
 
 A layer lists a checkpoint only once the checkpoint's manifest is there, written last; every
-put is verified against the remote copy before the layer reports it. Backends by URI scheme:
+put is verified against the remote copy before the layer reports it. Every checkpoint is bound
+to the attempt that shipped it (`trainguard.layers.lineage`): a layer is opened for one
+`Origin` (the pod's run UID and attempt), puts under it, and lists, fetches and prunes
+`CheckpointRef`s of every origin, pruning only within the run's `Lineage`. Backends by URI scheme:
 `file://` (a directory, e.g. a network volume used only as a backup destination) is here;
 `s3://`, `ssh://` and `hf://` live in this package's `s3`, `ssh` and `hf` modules (on the
 shared contract of `base`) and plug in through `open_layer`, which imports only the one in use.
@@ -39,12 +42,12 @@ from trainguard.ckpt import (
     Contents,
     FileEntry,
     copy_checkpoint,
-    parse_step_dirname,
-    prune,
-    step_dirname,
+    list_checkpoint_dirs,
+    remove_checkpoint_dir,
     verify,
 )
 from trainguard.contract.env import layer_path_env, layer_secrets_env
+from trainguard.layers.lineage import CheckpointRef, Lineage, Origin, parse_origin, prune_plan
 
 REDACTED = "***"
 # Keys a credentials Secret may hold that are not secret: an error may name them.
@@ -116,25 +119,26 @@ class Layer(Protocol):
     """A place checkpoints are shipped to and restored from."""
 
     config: LayerConfig
+    origin: Origin  # the attempt whose checkpoints `put` ships
 
-    def steps(self) -> list[int]:
-        """Steps whose checkpoint is complete on the layer (manifest present), ascending."""
+    def checkpoints(self) -> list[CheckpointRef]:
+        """Checkpoints complete on the layer (manifest present), of every origin, oldest first."""
         ...
 
-    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> None:
-        """Upload a verified local checkpoint and verify the remote copy."""
+    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> CheckpointRef:
+        """Upload a verified local checkpoint under `origin` and verify the remote copy."""
         ...
 
-    def fetch(self, step: int, dest_root: Path) -> Path:
+    def fetch(self, ref: CheckpointRef, dest_root: Path) -> Path:
         """Download one checkpoint into `dest_root` (verified); return its directory."""
         ...
 
-    def verify(self, step: int) -> list[str]:
+    def verify(self, ref: CheckpointRef) -> list[str]:
         """Problems of the remote copy (empty when it verifies)."""
         ...
 
-    def prune(self, keep: int) -> list[int]:
-        """Delete all but the newest `keep` verified checkpoints; return the steps deleted."""
+    def prune(self, keep: int, lineage: Lineage | None = None) -> list[CheckpointRef]:
+        """Delete all but the newest `keep` verified checkpoints of the lineage; return them."""
         ...
 
 
@@ -191,41 +195,57 @@ class Credentials:
 
 
 class FileLayer:
-    """A directory layer (`file:///path`)."""
+    """A directory layer (`file:///path`): `<root>/run-<uid>/attempt-<k>/step-<8 digits>/`.
 
-    def __init__(self, config: LayerConfig, root: Path) -> None:
+    Each origin's directory is a checkpoint root like L1 (hidden temporary names while a copy
+    or a removal is under way), so nothing half-written is ever listed.
+    """
+
+    def __init__(self, config: LayerConfig, root: Path, origin: Origin | None = None) -> None:
         self.config = config
         self.root = root
+        self.origin = origin or Origin.of("", None)
 
-    def steps(self) -> list[int]:
-        """Complete checkpoints in the directory."""
+    def _found(self) -> dict[CheckpointRef, Path]:
+        """Every checkpoint directory under the root (complete or not), by ref."""
+        found: dict[CheckpointRef, Path] = {}
         if not self.root.is_dir():
-            return []
-        found = []
-        for entry in self.root.iterdir():
-            step = parse_step_dirname(entry.name)
-            if step is not None and (entry / MANIFEST_FILENAME).exists():
-                found.append(step)
-        return sorted(found)
+            return found
+        for run_dir in self.root.iterdir():
+            if not run_dir.is_dir():
+                continue
+            for attempt_dir in run_dir.iterdir():
+                origin = parse_origin(run_dir.name, attempt_dir.name)
+                if origin is None or not attempt_dir.is_dir():
+                    continue
+                for step, path in list_checkpoint_dirs(attempt_dir):
+                    found[CheckpointRef(step, origin)] = path
+        return found
 
-    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> None:
+    def checkpoints(self) -> list[CheckpointRef]:
+        """Complete checkpoints in the directory, of every origin."""
+        return sorted(r for r, path in self._found().items() if (path / MANIFEST_FILENAME).exists())
+
+    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> CheckpointRef:
         """Copy with verification; a weights layer gets the weight files only."""
-        self.root.mkdir(parents=True, exist_ok=True)
         manifest = verify(checkpoint, check_hashes=False).manifest
         if manifest is None:
             raise LayerError(f"{self.config.name}: {checkpoint} has no valid manifest")
-        if (self.root / step_dirname(manifest.step) / MANIFEST_FILENAME).exists():
-            return
+        ref = CheckpointRef(manifest.step, self.origin)
+        if (self.root / ref.path / MANIFEST_FILENAME).exists():
+            return ref
         paths = None
         contents = None
         if self.config.contents == Contents.WEIGHTS.value:
             paths = weight_files(manifest.files)
             contents = Contents.WEIGHTS
         try:
-            copy_checkpoint(checkpoint, self.root, paths=paths, contents=contents)
+            destination = self.root / self.origin.path
+            destination.mkdir(parents=True, exist_ok=True)
+            copy_checkpoint(checkpoint, destination, paths=paths, contents=contents)
         except (OSError, ValueError, RuntimeError) as err:
             raise LayerError(f"{self.config.name}: copy of step {manifest.step}: {err}") from err
-        problems = self.verify(manifest.step)
+        problems = self.verify(ref)
         if problems:
             raise LayerError(f"{self.config.name}: remote copy does not verify: {problems}")
         if transfer is not None:
@@ -233,26 +253,31 @@ class FileLayer:
             total = sum(shipped)
             transfer.begin(total)
             transfer.advance(total)
+        return ref
 
-    def fetch(self, step: int, dest_root: Path) -> Path:
+    def fetch(self, ref: CheckpointRef, dest_root: Path) -> Path:
         """Copy one checkpoint back, verifying every byte."""
         try:
-            committed = copy_checkpoint(self.root / step_dirname(step), dest_root)
+            committed = copy_checkpoint(self.root / ref.path, dest_root)
         except (OSError, ValueError, RuntimeError) as err:
-            raise LayerError(f"{self.config.name}: fetch of step {step}: {err}") from err
+            raise LayerError(f"{self.config.name}: fetch of {ref}: {err}") from err
         return Path(committed.path)
 
-    def verify(self, step: int) -> list[str]:
+    def verify(self, ref: CheckpointRef) -> list[str]:
         """Verify the copy on the layer (sizes and hashes)."""
-        result = verify(self.root / step_dirname(step))
+        result = verify(self.root / ref.path)
         return list(result.reasons)
 
-    def prune(self, keep: int) -> list[int]:
-        """Keep-last-N on the layer (never the newest verified)."""
-        if not self.root.is_dir():
-            return []
-        result = prune(self.root, keep)
-        return [s for s in (parse_step_dirname(p.name) for p in result.deleted) if s is not None]
+    def prune(self, keep: int, lineage: Lineage | None = None) -> list[CheckpointRef]:
+        """Keep-N over the lineage's checkpoints (`lineage.prune_plan`)."""
+        paths = self._found()
+        found = {ref: (path / MANIFEST_FILENAME).exists() for ref, path in paths.items()}
+        doomed = prune_plan(
+            found, keep, lineage or Lineage(self.origin), lambda ref: not self.verify(ref)
+        )
+        for ref in doomed:
+            remove_checkpoint_dir(paths[ref], ref.step)
+        return sorted(ref for ref in doomed if found[ref])
 
 
 def weight_files(files: Iterable[FileEntry]) -> list[str]:
@@ -265,22 +290,27 @@ def weight_files(files: Iterable[FileEntry]) -> list[str]:
     return [e.path for e in files if Path(e.path).name.startswith(WEIGHTS_PREFIX)]
 
 
-def open_layer(config: LayerConfig, environ: Mapping[str, str]) -> Layer:
-    """The backend for a layer's URI scheme (a remote backend's client is imported on use)."""
+def open_layer(
+    config: LayerConfig, environ: Mapping[str, str], origin: Origin | None = None
+) -> Layer:
+    """The backend for a layer's URI scheme (a remote backend's client is imported on use).
+
+    `origin`: the attempt whose checkpoints the layer ships (None: outside a pod).
+    """
     if config.scheme == UriScheme.FILE:
         root = environ.get(layer_path_env(config.name)) or urlparse(config.uri).path
-        return FileLayer(config, Path(root))
+        return FileLayer(config, Path(root), origin)
     credentials = Credentials.from_env(config.name, environ)
     if config.scheme == UriScheme.S3:
         from trainguard.layers.s3 import open_s3
 
-        return open_s3(config, credentials, environ)
+        return open_s3(config, credentials, environ, origin=origin)
     if config.scheme == UriScheme.SSH:
         from trainguard.layers.ssh import open_ssh
 
-        return open_ssh(config, credentials)
+        return open_ssh(config, credentials, origin)
     if config.scheme == UriScheme.HF:
         from trainguard.layers.hf import open_hf
 
-        return open_hf(config, credentials, environ)
+        return open_hf(config, credentials, environ, origin=origin)
     raise LayerError(f"{config.name}: no backend for {config.scheme}:// layers")

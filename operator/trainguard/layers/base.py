@@ -1,7 +1,8 @@
 """The checkpoint contract on top of any remote store: what every remote backend shares.
 
-A backend (`Store`) only moves bytes under keys `step-<8 digits>/<path>`; `RemoteLayer` keeps
-the contract of DESIGN.md "Checkpoints" on top of it:
+A backend (`Store`) only moves bytes under keys `run-<uid>/attempt-<k>/step-<8 digits>/<path>`
+(`trainguard.layers.lineage`: every checkpoint is bound to the attempt that shipped it);
+`RemoteLayer` keeps the contract of DESIGN.md "Checkpoints" on top of it:
 
 - put: every file (the weights only, for a weights layer) is uploaded and verified by the
   backend against the server: S3 by per-part MD5 and the multipart ETag, SSH by a sha256
@@ -14,10 +15,11 @@ the contract of DESIGN.md "Checkpoints" on top of it:
 - fetch: every file is streamed into an L1 transaction and hashed with the manifest's
   algorithm on the way; one mismatch aborts the fetch, so a corrupt copy never lands in L1 and
   restore falls back to an older checkpoint or another layer.
-- prune: keep-N over the checkpoints that verify, so the newest verified one is never removed
-  before a newer one has verified; invalid ones are left for inspection; the manifest goes
-  first, so a half-removed checkpoint is never listed. Abandoned partial uploads older than the
-  newest complete checkpoint are removed with it.
+- prune: keep-N over the checkpoints of the run's lineage that verify, so the newest verified
+  one is never removed before a newer one has verified; invalid ones, and checkpoints outside
+  the lineage (a superseded attempt's late uploads), are left for inspection; the manifest
+  goes first, so a half-removed checkpoint is never listed. Abandoned partial uploads older
+  than the newest kept checkpoint are removed with it.
 
 Client libraries raise many exception types; `RemoteLayer` turns each into a `LayerError`
 whose message passes through `Credentials.redact` and does not chain the original exception
@@ -39,7 +41,6 @@ from trainguard.ckpt import (
     CheckpointTransaction,
     Contents,
     Manifest,
-    step_dirname,
     verify,
 )
 from trainguard.layers import (
@@ -50,6 +51,7 @@ from trainguard.layers import (
     Transfer,
     weight_files,
 )
+from trainguard.layers.lineage import CheckpointRef, Lineage, Origin, checkpoint_key, prune_plan
 
 FINGERPRINTS_FILENAME = "FINGERPRINTS.json"
 # Large enough to keep a network stream busy, small enough to report progress often.
@@ -63,10 +65,10 @@ Uploads = list[tuple[Path, str]]
 
 
 class Store(Protocol):
-    """Bytes under keys `step-<8 digits>/<path>`, relative to the layer's root."""
+    """Bytes under keys `run-<uid>/attempt-<k>/step-<8 digits>/<path>`, relative to the root."""
 
-    def list_steps(self) -> dict[int, bool]:
-        """Every step with something on the store, and whether its manifest is there."""
+    def list_checkpoints(self) -> dict[CheckpointRef, bool]:
+        """Every checkpoint with something on the store, and whether its manifest is there."""
         ...
 
     def read(self, key: str) -> bytes | None:
@@ -89,25 +91,30 @@ class Store(Protocol):
         """Stream one object in chunks."""
         ...
 
-    def delete_step(self, step: int) -> None:
-        """Remove one step's objects, its manifest first."""
+    def delete(self, ref: CheckpointRef) -> None:
+        """Remove one checkpoint's objects, its manifest first."""
         ...
 
 
-def step_key(step: int, path: str) -> str:
-    """The key of file `path` of checkpoint `step`."""
-    return f"{step_dirname(step)}/{path}"
-
-
 class RemoteLayer:
-    """A checkpoint layer on a `Store` (see the module docstring for the contract)."""
+    """A checkpoint layer on a `Store` (see the module docstring for the contract).
 
-    def __init__(self, config: LayerConfig, store: Store, credentials: Credentials) -> None:
+    `origin` is the attempt whose checkpoints `put` ships (outside a pod: attempt 0).
+    """
+
+    def __init__(
+        self,
+        config: LayerConfig,
+        store: Store,
+        credentials: Credentials,
+        origin: Origin | None = None,
+    ) -> None:
         self.config = config
         self.store = store
         self.credentials = credentials
-        # Steps this process saw verify: prune need not ask the server about them again.
-        self._verified: set[int] = set()
+        self.origin = origin or Origin.of("", None)
+        # Checkpoints this process saw verify: prune need not ask the server about them again.
+        self._verified: set[CheckpointRef] = set()
 
     @contextmanager
     def _errors(self, action: str) -> Iterator[None]:
@@ -124,10 +131,11 @@ class RemoteLayer:
             message = f"{self.config.name}: {action}: {' <- '.join(causes)}"
             raise LayerError(self.credentials.redact(message)[:MAX_MESSAGE]) from None
 
-    def steps(self) -> list[int]:
-        """Steps whose manifest is on the layer."""
+    def checkpoints(self) -> list[CheckpointRef]:
+        """Checkpoints whose manifest is on the layer, oldest first."""
         with self._errors("list"):
-            return sorted(step for step, complete in self.store.list_steps().items() if complete)
+            found = self.store.list_checkpoints()
+            return sorted(ref for ref, complete in found.items() if complete)
 
     @contextmanager
     def planned(self, checkpoint: Path, manifest: Manifest) -> Iterator[tuple[Manifest, Uploads]]:
@@ -137,36 +145,40 @@ class RemoteLayer:
             chosen = set(weight_files(manifest.files))
             entries = tuple(e for e in manifest.files if e.path in chosen)
             manifest = manifest.model_copy(update={"files": entries, "contents": Contents.WEIGHTS})
-        yield manifest, [(checkpoint / e.path, step_key(manifest.step, e.path)) for e in entries]
+        ref = CheckpointRef(manifest.step, self.origin)
+        yield manifest, [(checkpoint / e.path, checkpoint_key(ref, e.path)) for e in entries]
 
-    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> None:
+    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> CheckpointRef:
         """Upload a verified local checkpoint; the manifest last, once every file verified."""
         transfer = transfer or NoTransfer()
         local = verify(checkpoint, check_hashes=False)
         if local.manifest is None or not local.ok:
             raise LayerError(f"{self.config.name}: {checkpoint} does not verify: {local.reasons}")
         step = local.manifest.step
+        ref = CheckpointRef(step, self.origin)
         with self._errors(f"put of step {step}"):
-            if self.store.list_steps().get(step):
+            if self.store.list_checkpoints().get(ref):
                 transfer.begin(0)
-                return
+                return ref
             with self.planned(checkpoint, local.manifest) as (manifest, files):
                 transfer.begin(sum(source.stat().st_size for source, _ in files))
                 fingerprints = self.store.upload(files, transfer)
                 manifest_bytes = manifest.to_json_bytes()
                 self.store.write_last(
                     [
-                        (step_key(step, FINGERPRINTS_FILENAME), _json_bytes(fingerprints)),
-                        (step_key(step, MANIFEST_FILENAME), manifest_bytes),
+                        (checkpoint_key(ref, FINGERPRINTS_FILENAME), _json_bytes(fingerprints)),
+                        (checkpoint_key(ref, MANIFEST_FILENAME), manifest_bytes),
                     ]
                 )
             # Every file was verified by its upload; the manifest must read back as written.
-            if self.store.read(step_key(step, MANIFEST_FILENAME)) != manifest_bytes:
+            if self.store.read(checkpoint_key(ref, MANIFEST_FILENAME)) != manifest_bytes:
                 raise LayerError(f"{self.config.name}: step {step}: manifest did not read back")
-        self._verified.add(step)
+        self._verified.add(ref)
+        return ref
 
-    def _manifest(self, step: int) -> tuple[Manifest | None, list[str]]:
-        raw = self.store.read(step_key(step, MANIFEST_FILENAME))
+    def _manifest(self, ref: CheckpointRef) -> tuple[Manifest | None, list[str]]:
+        step = ref.step
+        raw = self.store.read(checkpoint_key(ref, MANIFEST_FILENAME))
         if raw is None:
             return None, [f"missing {MANIFEST_FILENAME}"]
         try:
@@ -177,17 +189,17 @@ class RemoteLayer:
             return None, [f"{MANIFEST_FILENAME} says step {manifest.step}, not {step}"]
         return manifest, []
 
-    def verify(self, step: int) -> list[str]:
+    def verify(self, ref: CheckpointRef) -> list[str]:
         """Problems of the remote copy that the server can tell without a download."""
-        with self._errors(f"verify of step {step}"):
-            manifest, problems = self._manifest(step)
+        with self._errors(f"verify of {ref}"):
+            manifest, problems = self._manifest(ref)
             if manifest is None:
                 return problems
-            raw = self.store.read(step_key(step, FINGERPRINTS_FILENAME))
+            raw = self.store.read(checkpoint_key(ref, FINGERPRINTS_FILENAME))
             recorded: dict[str, str] = json.loads(raw) if raw is not None else {}
             if raw is None:
                 problems.append(f"missing {FINGERPRINTS_FILENAME}")
-            keys = {entry.path: step_key(step, entry.path) for entry in manifest.files}
+            keys = {entry.path: checkpoint_key(ref, entry.path) for entry in manifest.files}
             stats = self.store.stats(list(keys.values()))
             for entry in manifest.files:
                 stat = stats.get(keys[entry.path])
@@ -198,13 +210,14 @@ class RemoteLayer:
                 elif raw is not None and recorded.get(keys[entry.path]) != stat[1]:
                     problems.append(f"{entry.path}: changed on the layer since it was uploaded")
         if not problems:
-            self._verified.add(step)
+            self._verified.add(ref)
         return problems
 
-    def fetch(self, step: int, dest_root: Path) -> Path:
+    def fetch(self, ref: CheckpointRef, dest_root: Path) -> Path:
         """Stream one checkpoint into `dest_root`, hashing every byte against the manifest."""
-        with self._errors(f"fetch of step {step}"):
-            manifest, problems = self._manifest(step)
+        step = ref.step
+        with self._errors(f"fetch of {ref}"):
+            manifest, problems = self._manifest(ref)
             if manifest is None:
                 raise LayerError(f"{self.config.name}: step {step}: {'; '.join(problems)}")
             with CheckpointTransaction(
@@ -217,7 +230,7 @@ class RemoteLayer:
                 for entry in manifest.files:
                     writer = txn.create(entry.path)
                     try:
-                        with self.store.download(step_key(step, entry.path)) as chunks:
+                        with self.store.download(checkpoint_key(ref, entry.path)) as chunks:
                             for chunk in chunks:
                                 writer.write(chunk)
                     except BaseException:
@@ -231,27 +244,23 @@ class RemoteLayer:
                         )
                 return Path(txn.commit(timestamp=manifest.time).path)
 
-    def prune(self, keep: int) -> list[int]:
-        """Keep the newest `keep` checkpoints that verify; return the steps deleted."""
+    def prune(self, keep: int, lineage: Lineage | None = None) -> list[CheckpointRef]:
+        """Keep-N over the lineage's checkpoints (`lineage.prune_plan`); return those deleted.
+
+        Without a lineage: this layer's origin with no fences (outside a pod).
+        """
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
+        lineage = lineage or Lineage(self.origin)
         with self._errors("prune"):
-            found = self.store.list_steps()
-            complete = sorted((s for s, done in found.items() if done), reverse=True)
-            kept = 0
-            deleted = []
-            for step in complete:
-                if kept >= keep:
-                    self.store.delete_step(step)
-                    self._verified.discard(step)
-                    deleted.append(step)
-                elif step in self._verified or not self.verify(step):
-                    kept += 1
-            # Only the newest checkpoint is ever shipped, so an older partial upload is abandoned.
-            for step, done in found.items():
-                if not done and complete and step < complete[0]:
-                    self.store.delete_step(step)
-            return sorted(deleted)
+            found = self.store.list_checkpoints()
+            doomed = prune_plan(
+                found, keep, lineage, lambda ref: ref in self._verified or not self.verify(ref)
+            )
+            for ref in doomed:
+                self.store.delete(ref)
+                self._verified.discard(ref)
+            return sorted(ref for ref in doomed if found[ref])
 
 
 def _json_bytes(value: dict[str, str]) -> bytes:

@@ -49,7 +49,6 @@ from trainguard.ckpt import (
     FileEntry,
     Manifest,
     hash_file,
-    parse_step_dirname,
     step_dirname,
 )
 from trainguard.layers import (
@@ -58,7 +57,8 @@ from trainguard.layers import (
     LayerError,
     Transfer,
 )
-from trainguard.layers.base import CHUNK_BYTES, RemoteLayer, Uploads, step_key
+from trainguard.layers.base import CHUNK_BYTES, RemoteLayer, Uploads
+from trainguard.layers.lineage import CheckpointRef, Origin, checkpoint_key, parse_key
 from trainguard.layers.shards import SUFFIX, split
 
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
@@ -124,20 +124,20 @@ class HfStore:
                 delay = float(retry_after) if retry_after.isdigit() else 2.0**attempt
                 time.sleep(min(MAX_BACKOFF_S, delay))
 
-    def list_steps(self) -> dict[int, bool]:
-        """Step folders in the repository, and whether their manifest is there."""
+    def list_checkpoints(self) -> dict[CheckpointRef, bool]:
+        """Checkpoint folders in the repository, and whether their manifest is there."""
         try:
             paths = self.api.list_repo_files(self.repo_id, revision=REVISION)
         except RepositoryNotFoundError:
             return {}
-        found: dict[int, bool] = {}
+        found: dict[CheckpointRef, bool] = {}
         for path in paths:
             if not path.startswith(self.prefix):
                 continue
-            directory, _, name = path[len(self.prefix) :].partition("/")
-            step = parse_step_dirname(directory)
-            if step is not None:
-                found[step] = found.get(step, False) or name == MANIFEST_FILENAME
+            parsed = parse_key(path[len(self.prefix) :])
+            if parsed is not None:
+                ref, name = parsed
+                found[ref] = found.get(ref, False) or name == MANIFEST_FILENAME
         return found
 
     def read(self, key: str) -> bytes | None:
@@ -206,10 +206,10 @@ class HfStore:
             hf_raise_for_status(response)
             yield response.iter_bytes(CHUNK_BYTES)
 
-    def delete_step(self, step: int) -> None:
-        """One commit removing the step's folder (the manifest goes with it, atomically)."""
-        folder = CommitOperationDelete(self._path(step_dirname(step)) + "/", is_folder=True)
-        self._commit([folder], f"remove {step_dirname(step)}")
+    def delete(self, ref: CheckpointRef) -> None:
+        """One commit removing the checkpoint's folder (the manifest goes with it, atomically)."""
+        folder = CommitOperationDelete(self._path(ref.path) + "/", is_folder=True)
+        self._commit([folder], f"remove {ref.path}")
 
 
 def _fingerprint(info: RepoFile) -> str:
@@ -225,8 +225,9 @@ class HfLayer(RemoteLayer):
         store: HfStore,
         credentials: Credentials,
         max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+        origin: Origin | None = None,
     ) -> None:
-        super().__init__(config, store, credentials)
+        super().__init__(config, store, credentials, origin)
         self.max_shard_bytes = max_shard_bytes
 
     @contextmanager
@@ -245,14 +246,15 @@ class HfLayer(RemoteLayer):
             try:
                 entries = [e for e in weights.files if e.path not in oversized]
                 uploads = [
-                    (src, key) for src, key in files if key.split("/", 1)[1] not in oversized
+                    (src, key) for src, key in files if key.split("/", 3)[3] not in oversized
                 ]
                 for path in sorted(oversized):
                     for shard in split(checkpoint / path, staging / path, self.max_shard_bytes):
                         relpath = str(Path(path).parent / shard.name).removeprefix("./")
                         size, digest = hash_file(shard, weights.hash_algorithm)
                         entries.append(FileEntry(path=relpath, size=size, hash=digest))
-                        uploads.append((shard, step_key(weights.step, relpath)))
+                        ref = CheckpointRef(weights.step, self.origin)
+                        uploads.append((shard, checkpoint_key(ref, relpath)))
                 yield (
                     weights.model_copy(
                         update={"files": tuple(sorted(entries, key=lambda e: e.path))}
@@ -268,8 +270,9 @@ def open_hf(
     credentials: Credentials,
     environ: Mapping[str, str],
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    origin: Origin | None = None,
 ) -> HfLayer:
-    """The layer of an `hf://owner/repo[/prefix]` URI (weights only)."""
+    """The layer of an `hf://owner/repo[/prefix]` URI (weights only), shipping for `origin`."""
     if config.contents != Contents.WEIGHTS.value:
         raise LayerError(f"{config.name}: an hf:// layer holds model weights only")
     uri = urlparse(config.uri)
@@ -279,4 +282,5 @@ def open_hf(
     repo_id = f"{uri.netloc}/{name}"
     token = credentials.get(SECRET_KEY_HF_TOKEN)
     api = HfApi(endpoint=environ.get(ENDPOINT_ENV) or None, token=token)
-    return HfLayer(config, HfStore(api, repo_id, prefix, token), credentials, max_shard_bytes)
+    store = HfStore(api, repo_id, prefix, token)
+    return HfLayer(config, store, credentials, max_shard_bytes, origin)

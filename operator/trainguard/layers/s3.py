@@ -36,9 +36,10 @@ from trainguard.api.constants import (
     SECRET_KEY_S3_ENDPOINT_URL,
     SECRET_KEY_S3_SECRET_ACCESS_KEY,
 )
-from trainguard.ckpt import MANIFEST_FILENAME, parse_step_dirname, step_dirname
+from trainguard.ckpt import MANIFEST_FILENAME
 from trainguard.layers import Credentials, LayerConfig, LayerError, Transfer
 from trainguard.layers.base import CHUNK_BYTES, RemoteLayer, Uploads
+from trainguard.layers.lineage import CheckpointRef, Origin, parse_key
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -79,18 +80,18 @@ class S3Store:
     def _key(self, key: str) -> str:
         return self.prefix + key
 
-    def list_steps(self) -> dict[int, bool]:
-        """Steps with objects under the prefix, and whether their manifest is there."""
-        found: dict[int, bool] = {}
+    def list_checkpoints(self) -> dict[CheckpointRef, bool]:
+        """Checkpoints with objects under the prefix, and whether their manifest is there."""
+        found: dict[CheckpointRef, bool] = {}
         pages = self.client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=self.prefix
         )
         for page in pages:
             for item in page.get("Contents", []):
-                directory, _, name = item["Key"][len(self.prefix) :].partition("/")
-                step = parse_step_dirname(directory)
-                if step is not None:
-                    found[step] = found.get(step, False) or name == MANIFEST_FILENAME
+                parsed = parse_key(item["Key"][len(self.prefix) :])
+                if parsed is not None:
+                    ref, name = parsed
+                    found[ref] = found.get(ref, False) or name == MANIFEST_FILENAME
         return found
 
     def read(self, key: str) -> bytes | None:
@@ -218,9 +219,9 @@ class S3Store:
         finally:
             body.close()
 
-    def delete_step(self, step: int) -> None:
+    def delete(self, ref: CheckpointRef) -> None:
         """The manifest first, then the rest, then any open multipart upload of the step."""
-        prefix = self._key(step_dirname(step) + "/")
+        prefix = self._key(ref.path + "/")
         manifest = prefix + MANIFEST_FILENAME
         self.client.delete_object(Bucket=self.bucket, Key=manifest)
         keys = []
@@ -270,10 +271,11 @@ def open_s3(
     credentials: Credentials,
     environ: Mapping[str, str],
     part_bytes: int = DEFAULT_PART_BYTES,
+    origin: Origin | None = None,
 ) -> RemoteLayer:
-    """The layer of an `s3://bucket/prefix` URI."""
+    """The layer of an `s3://bucket/prefix` URI, shipping for `origin`."""
     uri = urlparse(config.uri)
     if not uri.netloc:
         raise LayerError(f"{config.name}: {config.uri} names no bucket")
     store = S3Store(s3_client(credentials, environ), uri.netloc, uri.path, part_bytes)
-    return RemoteLayer(config, store, credentials)
+    return RemoteLayer(config, store, credentials, origin)

@@ -30,9 +30,10 @@ from urllib.parse import urlparse
 import paramiko
 
 from trainguard.api.constants import SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_PRIVATE_KEY
-from trainguard.ckpt import MANIFEST_FILENAME, SHA256, hash_file, parse_step_dirname, step_dirname
+from trainguard.ckpt import MANIFEST_FILENAME, SHA256, hash_file, parse_step_dirname
 from trainguard.layers import Credentials, LayerConfig, LayerError, Transfer
 from trainguard.layers.base import CHUNK_BYTES, RemoteLayer, Uploads
+from trainguard.layers.lineage import CheckpointRef, Origin, parse_origin
 
 DEFAULT_PORT = 22
 PARTIAL_SUFFIX = ".partial"
@@ -130,19 +131,27 @@ class SshStore:
         except FileNotFoundError:
             return None
 
-    def list_steps(self) -> dict[int, bool]:
-        """Step directories under the root, and whether their manifest is there."""
-        sftp = self.sftp()
+    def _dirs(self, path: str) -> list[str]:
         try:
-            entries = sftp.listdir_attr(self.root)
+            entries = self.sftp().listdir_attr(path)
         except FileNotFoundError:
-            return {}
+            return []
+        return [e.filename for e in entries if stat.S_ISDIR(e.st_mode or 0)]
+
+    def list_checkpoints(self) -> dict[CheckpointRef, bool]:
+        """Checkpoint directories under the root, and whether their manifest is there."""
         found = {}
-        for entry in entries:
-            step = parse_step_dirname(entry.filename)
-            if step is not None and stat.S_ISDIR(entry.st_mode or 0):
-                manifest = self._path(f"{entry.filename}/{MANIFEST_FILENAME}")
-                found[step] = self._size(manifest) is not None
+        for run in self._dirs(self.root):
+            for attempt in self._dirs(self._path(run)):
+                origin = parse_origin(run, attempt)
+                if origin is None:
+                    continue
+                for name in self._dirs(self._path(f"{run}/{attempt}")):
+                    step = parse_step_dirname(name)
+                    if step is not None:
+                        ref = CheckpointRef(step, origin)
+                        manifest = self._path(f"{ref.path}/{MANIFEST_FILENAME}")
+                        found[ref] = self._size(manifest) is not None
         return found
 
     def read(self, key: str) -> bytes | None:
@@ -228,16 +237,18 @@ class SshStore:
             reader.prefetch()
             yield iter(lambda: reader.read(CHUNK_BYTES), b"")
 
-    def delete_step(self, step: int) -> None:
+    def delete(self, ref: CheckpointRef) -> None:
         """The manifest first, then the directory."""
-        directory = self._path(step_dirname(step))
+        directory = self._path(ref.path)
         with suppress(FileNotFoundError):
             self.sftp().remove(posixpath.join(directory, MANIFEST_FILENAME))
         self.run(["rm", "-rf", "--", directory])
 
 
-def open_ssh(config: LayerConfig, credentials: Credentials) -> RemoteLayer:
-    """The layer of an `ssh://[user@]host[:port]/path` URI."""
+def open_ssh(
+    config: LayerConfig, credentials: Credentials, origin: Origin | None = None
+) -> RemoteLayer:
+    """The layer of an `ssh://[user@]host[:port]/path` URI, shipping for `origin`."""
     uri = urlparse(config.uri)
     if not uri.hostname or not uri.path:
         raise LayerError(f"{config.name}: {config.uri} needs a host and a path")
@@ -252,4 +263,4 @@ def open_ssh(config: LayerConfig, credentials: Credentials) -> RemoteLayer:
         key_file,
         credentials.file(SECRET_KEY_SSH_KNOWN_HOSTS),
     )
-    return RemoteLayer(config, store, credentials)
+    return RemoteLayer(config, store, credentials, origin)

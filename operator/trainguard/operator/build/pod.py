@@ -165,6 +165,8 @@ def pod_env(run: TrainingRun, attempt: int) -> PodEnv:
         run_uid=run.metadata.uid or "",
         namespace=run.metadata.namespace or "",
         attempt=attempt,
+        # Every superseded attempt's fence (`policies.fencing`): restore stays in the lineage.
+        fences={f.attempt: f.step for f in (run.status.fences if run.status else ())},
         lease_name=lease_name(name),
         l1_dir=Path(spec.checkpoints.l1.mount_path),
         data_dir=None if data is None else Path(data.mount_path),

@@ -46,7 +46,15 @@ from trainguard.operator.k8s.nodehealth import NodeChecks, report_node
 from trainguard.operator.k8s.nodes import node_ready
 from trainguard.operator.k8s.pods import delete_pod, list_pods, with_mount_failures
 from trainguard.operator.k8s.volumes import read_hot_path
-from trainguard.operator.policies import backoff, failures, initsteps, ladder, lifecycle, signals
+from trainguard.operator.policies import (
+    backoff,
+    failures,
+    fencing,
+    initsteps,
+    ladder,
+    lifecycle,
+    signals,
+)
 from trainguard.operator.policies.lifecycle import Decision, PodView
 from trainguard.operator.policies.placement import (
     NetworkList,
@@ -132,9 +140,19 @@ def reconcile(
     now = datetime.now(UTC)
     decision, wait = backoff.hold(decision, run.status or old, run.spec.recovery.backoff, now)
     placement = None
+    fence_events: list[EventSpec] = []
     if decision.create:
         facts = read_hot_path(kube, namespace, hot_path_claims(run.spec))
         placement = guard(run.spec, facts, settings.network)
+    if decision.create and decision.attempt is not None and not lifecycle.blocked(placement):
+        # The fences are stored before the pod that is told them exists (policies.fencing).
+        fenced, fence_events = fencing.record(
+            run.status or old, decision.attempt, lease, run.metadata.name or "", now
+        )
+        if fence_events:
+            apply_status(kube, run.metadata, fenced)
+            old = fenced
+            run = run.model_copy(update={"status": fenced})
     converge(kube, run, decision, placement, settings, full)
     state = lifecycle.state(run, decision, placement)
     if wait > 0:
@@ -153,7 +171,7 @@ def reconcile(
         _with_signals(
             lifecycle.observed(run, decision, placement), lease, run.metadata.name, decision
         ),
-        [*warnings, *lifecycle.extra_events(decision, placement)],
+        [*warnings, *fence_events, *lifecycle.extra_events(decision, placement)],
         settings.instance,
     )
     return Outcome(status, retry_after=wait or None)
