@@ -43,6 +43,7 @@ from trainguard.api.constants import (
 from trainguard.ckpt import MANIFEST_FILENAME, parse_step_dirname
 from trainguard.contract import env
 from trainguard.contract.files import HEARTBEAT_FILENAME, RESTORE_FILENAME, read_json
+from trainguard.layers.lineage import CheckpointRef, Origin, parse_key
 from trainguard.operator.build.constants import CREDENTIALS_DIR
 from trainguard.operator.build.pod import POD_FS_GROUP
 from trainguard_dev.cluster import realnode
@@ -580,6 +581,93 @@ def test_node_loss_moves_the_run_and_restores_from_s3(
     finally:
         trainguard.real.up()  # the lost node back, for what runs next
         _untaint(cluster, lost)
+
+
+def _s3_checkpoints(server: SeaweedFS, bucket: str, run_name: str) -> set[CheckpointRef]:
+    """Complete checkpoints in the bucket, with the attempt that shipped each."""
+    prefix = f"{run_name}/"
+    found = set()
+    for page in (
+        server.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    ):
+        for item in page.get("Contents", []):
+            parsed = parse_key(item["Key"][len(prefix) :])
+            if parsed is not None and parsed[1] == MANIFEST_FILENAME:
+                found.add(parsed[0])
+    return found
+
+
+def test_a_partitioned_attempt_is_fenced_and_its_later_uploads_are_ignored(
+    trainguard: Trainguard, shards_claim: str, run_name: str, real_s3: SeaweedFS
+) -> None:
+    """Partition: the node NotReady, its trainer and agent running on and shipping to S3."""
+    cluster = trainguard.cluster
+    bucket = _bucket(real_s3, cluster)
+    cut = realnode.node_name(1)  # not the operator's node
+    cluster.kubectl("cordon", OPERATOR_NODE)
+    try:
+        _pod, node, state_a = _training(
+            trainguard, run_name, shards_claim, _s3_run_spec(bucket, run_name)
+        )
+    finally:
+        cluster.kubectl("uncordon", OPERATOR_NODE)
+    assert node.name == cut
+    uid = kubectl_json(cluster, "get", "trainingrun", run_name, "-n", RUNS_NAMESPACE)["metadata"][
+        "uid"
+    ]
+    first = Origin(uid, 1)
+    try:
+        eventually(lambda: _shipped(cluster, run_name), timeout=180, what="a checkpoint on S3")
+        cluster.real_nodes.partition(cut)
+        fence = eventually(
+            lambda: next(iter(_status(cluster, run_name).get("fences") or []), None),
+            timeout=180,
+            what="attempt 1 fenced",
+            detail=lambda: json.dumps(_status(cluster, run_name))[:2000],
+        )
+        assert fence["attempt"] == 1 and fence["step"] > 0, fence
+        fenced_at = fence["step"]
+        # The zombie trains on and ships past its fence, under its own attempt's keys.
+        eventually(
+            lambda: any(r.origin == first and r.step > fenced_at for r in
+                        _s3_checkpoints(real_s3, bucket, run_name)),
+            timeout=120,
+            what="attempt 1 shipping past its fence while partitioned",
+        )  # fmt: skip
+        assert ((_beat(state_a) or {}).get("step") or 0) > fenced_at  # it still trains
+        node_b, restored = _moved_and_restored(trainguard, run_name, cut, fenced_at)
+        # The new attempt resumed from the fence, the newest step of the current lineage.
+        assert restored["step"] == fenced_at, (restored, fence)
+        assert restored["origin"] == str(first), restored
+        ignored = [line for line in restored["fenced"] if str(first) in line]
+        assert ignored and all("shipped after attempt 1 was superseded" in i for i in ignored)
+        reasons = {e["reason"]: e for e in _events(cluster, run_name)}
+        assert "AttemptFenced" in reasons, sorted(reasons)
+        warning = eventually(
+            lambda: {e["reason"]: e for e in _events(cluster, run_name)}.get(
+                "FencedCheckpointsIgnored"
+            ),
+            timeout=60,
+            what="the ignored uploads reported as an Event",
+        )
+        assert warning["type"] == "Warning" and str(first) in warning["message"], warning
+        # Attempt 2 ships and prunes (keep 2) in its lineage: the zombie's uploads stay.
+        eventually(
+            lambda: len([r for r in _s3_checkpoints(real_s3, bucket, run_name)
+                         if r.origin == Origin(uid, 2)]) >= 2,
+            timeout=180,
+            what="attempt 2 shipping",
+        )  # fmt: skip
+        zombie = {r.step for r in _s3_checkpoints(real_s3, bucket, run_name) if r.origin == first}
+        assert fenced_at in zombie and max(zombie) > fenced_at, (sorted(zombie), fenced_at)
+        print(
+            f"partition of {cut}: attempt 1 fenced at step {fenced_at}, zombie shipped up to "
+            f"{max(zombie)}; attempt 2 on {node_b} restored step {restored['step']}, "
+            f"{len(restored['fenced'])} fenced uploads ignored"
+        )
+    finally:
+        cluster.real_nodes.heal(cut)
+        _untaint(cluster, cut)
 
 
 def test_suspend_ships_the_newest_l1_checkpoint_before_the_pod_is_gone(

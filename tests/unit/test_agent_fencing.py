@@ -112,7 +112,7 @@ def test_fenced_uploads_the_restore_ignored_become_a_warning_event(tmp_path: Pat
     api = Api()
     Agent(environ, api).step()
     reasons = {reason: (message, warning) for reason, message, warning in api.events}
-    assert reasons["Restored"][0].startswith(f"restored step 10 (attempt 1 of run {RUN})")
+    assert reasons["Restored"][0] == f"restored step 10 from layer nfs (attempt 1 of run {RUN})"
     message, warning = reasons["FencedCheckpointsIgnored"]
     assert warning
     assert f"nfs step 30 (attempt 1 of run {RUN}): shipped after attempt 1 was superseded" in (

@@ -96,7 +96,7 @@ def test_restore_resumes_from_the_fence_and_reports_the_zombies_uploads(tmp_path
         f"backup step 40 ({FIRST})",
         f"backup step 30 ({FIRST})",
     ]
-    assert "restored step 20 (attempt 1 of run" in report.line()
+    assert report.line() == f"restored step 20 from layer backup ({FIRST})"
     # Outside a pod (no lineage) the newest checkpoint wins, as before fencing.
     assert restore(tmp_path / "l1-c", [new_pod]).step == 40
 

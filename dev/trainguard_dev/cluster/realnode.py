@@ -790,6 +790,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
         """
         from trainguard_dev.cluster.cluster import _terminate
 
+        self.heal(name)  # a partitioned node: its rule goes, its frozen processes can stop
         node = self.node(name)
         for part in ("kube-proxy", "kubelet"):
             pid = self.cluster._read_pid(self._component(node, part))
@@ -801,6 +802,42 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
         if pid is not None:
             _terminate(pid)
         self.cluster._pid_path(self._component(node, "containerd")).unlink(missing_ok=True)
+
+    def partition(self, name: str) -> None:
+        """Cut one node off the API while its containers run on (a partition test).
+
+        Its kubelet and kube-proxy are frozen (SIGSTOP), so the node's Lease is no longer
+        renewed and it goes NotReady; its pods' connections to the apiserver's port are
+        refused (a rule in the host's INPUT chain, where pod traffic to the apiserver
+        arrives), while every other address (an S3 server) stays reachable. `heal` undoes it.
+        """
+        node = self.node(name)
+        for part in ("kubelet", "kube-proxy"):
+            pid = self.cluster._read_pid(self._component(node, part))
+            if pid is not None:
+                os.kill(pid, signal.SIGSTOP)
+        _run("iptables", "-w", "-I", "INPUT", "1", *self._partition_rule(node))
+
+    def heal(self, name: str) -> None:
+        """End `partition`: the rule removed, the kubelet and kube-proxy running again."""
+        node = self.node(name)
+        with contextlib.suppress(OSError):  # no ports recorded: the cluster never started
+            delete = ["iptables", "-w", "-D", "INPUT", *self._partition_rule(node)]
+            while subprocess.run(delete, capture_output=True, check=False).returncode == 0:
+                pass  # until no copy of the rule is left
+        for part in ("kubelet", "kube-proxy"):
+            pid = self.cluster._read_pid(self._component(node, part))
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+    def _partition_rule(self, node: RealNode) -> list[str]:
+        port = self.cluster.ports()["apiserver"]
+        return [
+            "-s", node.subnet, "-p", "tcp", "--dport", str(port),
+            "-m", "comment", "--comment", f"trainguard partition of {node.name}",
+            "-j", "REJECT", "--reject-with", "tcp-reset",
+        ]  # fmt: skip
 
     def _kill_containers(self, node: RealNode) -> None:
         """SIGKILL every shim of this node's containerd and every process in its cgroups."""

@@ -117,7 +117,7 @@ class RestoreReport:
         if self.step is None:
             return "no checkpoint to restore: started fresh"
         origin = f" ({self.origin})" if self.origin else ""
-        return f"restored step {self.step}{origin} from layer {self.from_layer}"
+        return f"restored step {self.step} from layer {self.from_layer}{origin}"
 
 
 def write_restore_report(path: Path, report: RestoreReport) -> None:
