@@ -548,22 +548,30 @@ def test_ghost_vram_taints_the_node_and_the_run_moves_restoring_from_s3(
         _untaint(cluster, node_a)
 
 
+def _training_off_the_operators_node(
+    trainguard: Trainguard, name: str, claim: str, spec: dict[str, Any]
+) -> tuple[str, Path]:
+    """`_training` on the node that is not the operator's (cordoned meanwhile): its name, state."""
+    cluster = trainguard.cluster
+    other = realnode.node_name(1)
+    assert other != OPERATOR_NODE
+    cluster.kubectl("cordon", OPERATOR_NODE)
+    try:
+        _pod, node, state = _training(trainguard, name, claim, spec)
+    finally:
+        cluster.kubectl("uncordon", OPERATOR_NODE)
+    assert node.name == other
+    return other, state
+
+
 def test_node_loss_moves_the_run_and_restores_from_s3(
     trainguard: Trainguard, shards_claim: str, run_name: str, real_s3: SeaweedFS
 ) -> None:
     cluster = trainguard.cluster
     bucket = _bucket(real_s3, cluster)
-    lost = realnode.node_name(1)  # not the operator's node
-    assert lost != OPERATOR_NODE
-    # Attempt 1 goes to the node that will be lost: the other one is cordoned meanwhile.
-    cluster.kubectl("cordon", OPERATOR_NODE)
-    try:
-        _pod, node, _state_a = _training(
-            trainguard, run_name, shards_claim, _s3_run_spec(bucket, run_name)
-        )
-    finally:
-        cluster.kubectl("uncordon", OPERATOR_NODE)
-    assert node.name == lost
+    lost, _state_a = _training_off_the_operators_node(
+        trainguard, run_name, shards_claim, _s3_run_spec(bucket, run_name)
+    )
     try:
         shipped = eventually(
             lambda: _shipped(cluster, run_name), timeout=180, what="a checkpoint verified on S3"
@@ -603,15 +611,9 @@ def test_a_partitioned_attempt_is_fenced_and_its_later_uploads_are_ignored(
     """Partition: the node NotReady, its trainer and agent running on and shipping to S3."""
     cluster = trainguard.cluster
     bucket = _bucket(real_s3, cluster)
-    cut = realnode.node_name(1)  # not the operator's node
-    cluster.kubectl("cordon", OPERATOR_NODE)
-    try:
-        _pod, node, state_a = _training(
-            trainguard, run_name, shards_claim, _s3_run_spec(bucket, run_name)
-        )
-    finally:
-        cluster.kubectl("uncordon", OPERATOR_NODE)
-    assert node.name == cut
+    cut, state_a = _training_off_the_operators_node(
+        trainguard, run_name, shards_claim, _s3_run_spec(bucket, run_name)
+    )
     uid = kubectl_json(cluster, "get", "trainingrun", run_name, "-n", RUNS_NAMESPACE)["metadata"][
         "uid"
     ]
