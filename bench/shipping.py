@@ -19,8 +19,13 @@ machines and the node has cores to spare for its sidecar, while on a 2-core host
 otherwise time-share the trainer's core. `--placement shared` measures the host without any
 placement; the report says which was used.
 
-The target is a throughput ratio of at least 0.97. Then each layer's upload throughput: one
-put of one checkpoint, alone. Prints ONE JSON object on stdout; progress goes to stderr.
+The target is a throughput ratio of at least 0.97. The ratio measures shipping only if every
+layer shipped: per layer, the report gives the checkpoints it shipped and verified, and those
+it skipped (a newer one superseded them while it was busy), in each shipping segment, with its
+last error; a layer that shipped no verified checkpoint during the shipping segments fails the
+benchmark (exit 1, the reason on stderr; the report is still printed). Then each layer's upload
+throughput: one put of one checkpoint, alone. Prints ONE JSON object on stdout; progress goes to
+stderr.
 
     python bench/shipping.py --size-mb 256 --segments 2
 """
@@ -36,6 +41,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -64,6 +70,7 @@ from trainguard_harness.writer import CheckpointWriter
 
 MB = 1e6
 BUCKET = "bench"
+S3_LAYER, SSH_LAYER = "s3", "ssh"  # the layers' names
 
 
 class Servers(NamedTuple):
@@ -77,50 +84,152 @@ class Servers(NamedTuple):
     ssh_root: Path  # the directory the ssh:// layers write under
 
 
-def layers(servers: Servers, base: Path, prefix: str) -> list[Layer]:
-    """An s3:// and an ssh:// layer under `prefix` (each run of puts gets its own)."""
-    s3_credentials = Credentials(
+def s3_layer(servers: Servers, prefix: str) -> Layer:
+    """The s3:// layer under `prefix` (each run of puts gets its own)."""
+    credentials = Credentials(
         {
             SECRET_KEY_S3_ACCESS_KEY_ID: S3_ACCESS_KEY,
             SECRET_KEY_S3_SECRET_ACCESS_KEY: S3_SECRET_KEY,
             SECRET_KEY_S3_ENDPOINT_URL: servers.s3_endpoint,
         }
     )
+    return open_s3(LayerConfig(S3_LAYER, f"s3://{BUCKET}/{prefix}", keep=2), credentials, {})
+
+
+def ssh_layer(servers: Servers, base: Path, prefix: str) -> Layer:
+    """The ssh:// layer under `prefix`."""
     secret = base / "ssh-secret"  # as the operator mounts the layer's Secret
     secret.mkdir(exist_ok=True)
     shutil.copy(servers.ssh_client_key, secret / SECRET_KEY_SSH_PRIVATE_KEY)
     shutil.copy(servers.ssh_known_hosts, secret / SECRET_KEY_SSH_KNOWN_HOSTS)
-    ssh_credentials = Credentials.from_env("ssh", {layer_secrets_env("ssh"): str(secret)})
-    s3_config = LayerConfig("s3", f"s3://{BUCKET}/{prefix}", keep=2)
+    credentials = Credentials.from_env(SSH_LAYER, {layer_secrets_env(SSH_LAYER): str(secret)})
     remote = servers.ssh_root / prefix
-    ssh_uri = f"ssh://{servers.ssh_user}@127.0.0.1:{servers.ssh_port}{remote}"
-    return [
-        open_s3(s3_config, s3_credentials, {}),
-        open_ssh(LayerConfig("ssh", ssh_uri, keep=2), ssh_credentials),
-    ]
+    uri = f"ssh://{servers.ssh_user}@127.0.0.1:{servers.ssh_port}{remote}"
+    return open_ssh(LayerConfig(SSH_LAYER, uri, keep=2), credentials)
+
+
+def layer_makers(servers: Servers, base: Path, prefix: str) -> list[Callable[[], Layer]]:
+    """How to open an s3:// and an ssh:// layer under `prefix` (they cross to a process)."""
+    return [partial(s3_layer, servers, prefix), partial(ssh_layer, servers, base, prefix)]
+
+
+def layers(servers: Servers, base: Path, prefix: str) -> list[Layer]:
+    """An s3:// and an ssh:// layer under `prefix`."""
+    return [make() for make in layer_makers(servers, base, prefix)]
 
 
 def _ship_process(
     l1: Path,
-    servers: Servers,
-    base: Path,
-    prefix: str,
+    makers: list[Callable[[], Layer]],
     cap: float | None,
     cores: set[int] | None,
     ready: Any,
     stop: Any,
     result: Any,
 ) -> None:
-    """The agent's shipping, in a process of its own: ship until told to stop, report states."""
+    """The agent's shipping, in a process of its own: ship until told to stop, report states.
+
+    The states are those at the end of the segment: an upload that ends later is not counted.
+    """
     if cores:
         os.sched_setaffinity(0, cores)
-    shipper = Shipper(l1, layers(servers, base, prefix), 0.2, bandwidth_bytes_per_s=cap)
+    shipper = Shipper(l1, [make() for make in makers], 0.2, bandwidth_bytes_per_s=cap)
     shipper.start()
     ready.set()
     stop.wait()
+    states = shipper.states()
     shipper.stop()
     shipper.join()  # the rest of its upload is not training time
-    result.put(shipper.states())
+    result.put(states)
+
+
+def shipping_segment(
+    measure: Callable[[], float],
+    l1: Path,
+    makers: list[Callable[[], Layer]],
+    *,
+    cap: float | None = None,
+    cores: set[int] | None = None,
+) -> tuple[float, dict[str, dict[str, Any]]]:
+    """Run `measure()` (a segment) while a shipper process ships from `l1`.
+
+    The shipper ships to the layers `makers` open. Returns the segment's seconds and each
+    layer's state when it ended.
+    """
+    spawn = multiprocessing.get_context("spawn")
+    ready, stop, result = spawn.Event(), spawn.Event(), spawn.Queue()
+    shipper = spawn.Process(
+        target=_ship_process, args=(l1, makers, cap, cores, ready, stop, result)
+    )
+    shipper.start()
+    try:
+        # Placed before its imports, which would otherwise run on training's cores.
+        if cores and shipper.pid:
+            os.sched_setaffinity(shipper.pid, cores)
+        # A sidecar is up before training: its start-up is not the segment's time.
+        if not ready.wait(timeout=120):
+            raise RuntimeError("the shipper process did not start")
+        seconds = measure()
+        stop.set()
+        states: dict[str, dict[str, Any]] = result.get(timeout=600)
+        shipper.join(timeout=60)
+    finally:
+        if shipper.is_alive():
+            shipper.kill()
+            shipper.join()
+    return seconds, states
+
+
+def layer_results(segments: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per layer, from the shipping segments' states: shipped and skipped, and the errors.
+
+    `shipped` and `skipped` list each segment's checkpoints shipped and verified, and those
+    skipped; `errors` the layer's errors at the segments' ends.
+    """
+    names = sorted({name for states in segments for name in states})
+    return {
+        name: {
+            "shipped": [states.get(name, {}).get("shipped", 0) for states in segments],
+            "skipped": [states.get(name, {}).get("skipped", 0) for states in segments],
+            "errors": [
+                states[name]["error"] for states in segments if states.get(name, {}).get("error")
+            ],
+        }
+        for name in names
+    }
+
+
+def shipping_problems(results: dict[str, dict[str, Any]], expected: list[str]) -> list[str]:
+    """Why the segments did not measure shipping to every layer of `expected`.
+
+    A layer that shipped no verified checkpoint during the shipping segments. (One that
+    shipped in some segments only had an upload under way in the others, which is what costs
+    training its throughput; the counts per segment are in the report.)
+    """
+    problems = []
+    for name in expected:
+        result = results.get(name, {"shipped": [], "errors": []})
+        shipped, errors = result["shipped"], result["errors"]
+        if sum(shipped):
+            continue
+        why = f"; last error: {errors[-1]}" if errors else ""
+        problems.append(
+            f"layer {name} shipped no verified checkpoint during the shipping segments "
+            f"(per segment: {shipped}){why}"
+        )
+    return problems
+
+
+def finish(problems: list[str]) -> int:
+    """The exit status, with the problems on stderr."""
+    for problem in problems:
+        print(f"shipping.py: FAILED: {problem}", file=sys.stderr)
+    if problems:
+        print(
+            "shipping.py: the throughput ratio does not measure shipping to every layer",
+            file=sys.stderr,
+        )
+    return 1 if problems else 0
 
 
 def segment(
@@ -205,7 +314,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     if split:
         os.sched_setaffinity(0, train_cores)
-    spawn = multiprocessing.get_context("spawn")
     try:
         torch.set_num_threads(args.train_threads)
         state = make_state(args.size_mb * MB / 1e9)
@@ -222,39 +330,32 @@ def main(argv: list[str] | None = None) -> int:
         writer.wait()
         alone: list[float] = []
         shipping: list[float] = []
-        step = 1
+        shipped: list[dict[str, dict[str, Any]]] = []
         for index in range(args.segments * 2):
-            ship = (index % 4) in (1, 2)  # ABBA: L1, ship, ship, L1, ...
-            shipper = None
-            if ship:
-                ready, stop, result = spawn.Event(), spawn.Event(), spawn.Queue()
-                cap = args.cap_mbps * MB or None
-                shipper = spawn.Process(
-                    target=_ship_process,
-                    args=(l1, servers, base, f"seg{index}", cap, other_cores if split else None,
-                          ready, stop, result),
-                )  # fmt: skip
-                shipper.start()
-                # Placed before its imports, which would otherwise run on training's cores.
-                if split and shipper.pid:
-                    os.sched_setaffinity(shipper.pid, other_cores)
-                # A sidecar is up before training: its start-up is not the segment's time.
-                if not ready.wait(timeout=120):
-                    raise RuntimeError("the shipper process did not start")
-            seconds = segment(
-                run, writer, state, steps=args.segment_steps, every=args.ckpt_every, first_step=step
+            measure = partial(
+                segment,
+                run,
+                writer,
+                state,
+                steps=args.segment_steps,
+                every=args.ckpt_every,
+                first_step=1 + index * args.segment_steps,
             )
-            step += args.segment_steps
-            if shipper is not None:
-                stop.set()
-                states = result.get(timeout=600)
-                shipper.join()
+            if (index % 4) in (1, 2):  # ABBA: L1, ship, ship, L1, ...
+                makers = layer_makers(servers, base, f"seg{index}")
+                cores = other_cores if split else None
+                cap = args.cap_mbps * MB or None
+                seconds, states = shipping_segment(measure, l1, makers, cap=cap, cores=cores)
                 shipping.append(seconds)
+                shipped.append(states)
                 progress(f"segment {index}: shipping {seconds:.2f}s, layers {states}")
             else:
+                seconds = measure()
                 alone.append(seconds)
                 progress(f"segment {index}: L1 only {seconds:.2f}s")
         writer.close()
+        results = layer_results(shipped)
+        problems = shipping_problems(results, [S3_LAYER, SSH_LAYER])
         newest = find_newest_valid(l1).newest
         assert newest is not None
         rates = upload_rates(layers(servers, base, "upload"), newest.path)
@@ -272,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             "throughput_ratio": statistics.median(alone) / statistics.median(shipping),
             "target_ratio": 0.97,
             "segment_seconds": {"l1_only": alone, "l1_and_two_layers_shipping": shipping},
+            "layers": results,
+            "problems": problems,
             "upload_mb_per_s": rates,
         }
         print(json.dumps(report, indent=1))
@@ -281,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(remote, ignore_errors=True)
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
-    return 0
+    return finish(problems)
 
 
 if __name__ == "__main__":

@@ -164,6 +164,12 @@ CASES: tuple[Case, ...] = (
         says="greater than or equal to 0",
     ),
     case(
+        "backoff-reset-zero",
+        "spec.recovery.backoff.resetAfterSeconds",
+        ("spec.recovery.backoff.resetAfterSeconds", 0),
+        says="greater than or equal to 1",
+    ),
+    case(
         "every-steps-negative",
         "spec.checkpoints.everySteps",
         ("spec.checkpoints.everySteps", -5),
@@ -188,6 +194,18 @@ CASES: tuple[Case, ...] = (
         "spec.trainer.command",
         ("spec.trainer.command", []),
         says="at least 1 item",
+    ),
+    case(
+        "command-empty-string",
+        "spec.trainer.command[0]",
+        ("spec.trainer.command", [""]),
+        says="at least 1 char",
+    ),
+    case(
+        "command-empty-argument",
+        "spec.trainer.command[1]",
+        ("spec.trainer.command", ["python", "", "train.py"]),
+        says="at least 1 char",
     ),
     # Unknown enum values.
     case(
@@ -416,6 +434,42 @@ CASES: tuple[Case, ...] = (
         says="needs source.pvc",
     ),
     case(
+        "data-hf-model-repository",
+        "spec.data.source.uri",
+        ("spec.data.source.uri", "hf://org/model"),
+        says="an hf:// data source is a dataset repository",
+    ),
+    case(
+        "data-hf-space",
+        "spec.data.source.uri",
+        ("spec.data.source.uri", "hf://spaces/org/demo"),
+        says="spaces and buckets are not supported as data sources",
+    ),
+    case(
+        "data-ssh-without-secret",
+        "spec.data.source.credentialsSecret",
+        ("spec.data.source.uri", "ssh://data@files.example/srv/shards"),
+        says="an ssh:// data source needs credentialsSecret",
+    ),
+    case(
+        "data-pvc-with-secret",
+        "spec.data.source.credentialsSecret",
+        ("spec.data.source", {"pvc": {"claimName": "shards"}, "credentialsSecret": {"name": "s"}}),
+        says="a pvc or file:// source takes none",
+    ),
+    case(
+        "data-file-with-secret",
+        "spec.data.source.credentialsSecret",
+        ("spec.data.source.uri", "file:///mnt/shards"),
+        ("spec.data.source.credentialsSecret", {"name": "s"}),
+        says="a pvc or file:// source takes none",
+    ),
+    case(
+        "data-secret-without-name",
+        "spec.data.source.credentialsSecret.name",
+        ("spec.data.source.credentialsSecret", {}),
+    ),
+    case(
         "size-not-quantity",
         "spec.data.size",
         ("spec.data.size", "ten gigs"),
@@ -469,6 +523,12 @@ CASES: tuple[Case, ...] = (
         (f"{MON}.slowAfterSeconds", 300),
         (f"{MON}.hangAfterSeconds", 300),
         says="less than hangAfterSeconds",
+    ),
+    case(
+        "py-spy-removed",
+        f"{MON}.pySpy",
+        (f"{MON}.pySpy", True),
+        says="the stacks of a hung trainer come from the harness's signal handler",
     ),
     case(
         "lease-too-short",

@@ -97,7 +97,10 @@ specs = obj(
         image=mostly(
             st.sampled_from(["trainer:1", "registry.example.com/t@sha256:a"]), st.just("")
         ),
-        command=mostly(st.lists(st.sampled_from(["python", "train.py"]), min_size=1), st.just([])),
+        command=mostly(
+            st.lists(st.sampled_from(["python", "train.py"]), min_size=1),
+            st.sampled_from([[], [""], ["python", ""]]),
+        ),
         env=maybe(st.lists(obj(name=st.sampled_from(["A", "B", "1x", "a.b"])), max_size=2)),
         workingDir=maybe(paths),
         resources=maybe(obj(gpus=maybe(mostly(small(0, 8), small(-1, 65))), cpu=maybe(quantities))),
@@ -131,6 +134,7 @@ specs = obj(
             slowAfterSeconds=maybe(small(1, 400)),
             leaseDurationSeconds=maybe(small(1, 30)),
             ghostMemory=maybe(obj(ratio=maybe(st.floats(0.5, 3.0, allow_nan=False)))),
+            pySpy=maybe(st.booleans()),
         )
     ),
     recovery=maybe(obj(inPlaceRestarts=maybe(small(-1, 12)), maxRestarts=maybe(small(-1, 12)))),

@@ -25,6 +25,16 @@ def test_base_run_is_accepted(server_create: ServerCreate) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_py_spy_false_of_runs_stored_before_its_removal_is_still_accepted(
+    server_create: ServerCreate,
+) -> None:
+    stored = base_run()
+    stored["spec"]["monitor"] = {"pySpy": False}
+    result = server_create(stored)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["spec"]["monitor"]["pySpy"] is False
+
+
 @pytest.mark.parametrize("example", ["minimal.yaml", "full.yaml"])
 def test_examples_are_accepted_and_defaulted_like_the_models(
     server_create: ServerCreate, example: str

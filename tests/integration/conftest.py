@@ -1,11 +1,12 @@
-"""Fixtures of the remote-layer tests: SeaweedFS (S3), OpenSSH's sshd and a Hub stand-in.
+"""Fixtures of the remote-layer and remote-staging tests: SeaweedFS, sshd, a Hub stand-in.
 
 The servers (see `trainguard_dev.testing.servers`) are installed by
 `hack/install-test-services.sh`, run once per test session on free loopback ports with their
 data in temporary directories, and are stopped at the end. The S3 server and its buckets are
 `s3_fixtures`, a plugin shared with the end-to-end scenarios. A test can kill and restart the S3
 server (same ports, same data) or drop every SSH connection. The Hugging Face Hub cannot run
-here: `hub_standin` is a local stand-in of its upload API, one per test.
+here: `hub_standin` is a local stand-in of its API (model and dataset repositories), one per
+test.
 """
 
 from __future__ import annotations

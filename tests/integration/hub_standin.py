@@ -1,9 +1,12 @@
-"""A local HTTP stand-in of the Hugging Face Hub's upload API, for the hf:// layer tests.
+"""A local HTTP stand-in of the Hugging Face Hub's API, for the hf:// layer and data tests.
 
 No Hub server can run here, so this stand-in answers the endpoints the real `huggingface_hub`
 client calls when `HfApi(endpoint=...)` points at it: create a repo, preupload (upload mode per
 file), the LFS batch API with the basic transfer (PUT, then verify), commit (ndjson: regular
-files, LFS files, deletions), paths-info, the recursive tree listing and resolve (download).
+files, LFS files, deletions), paths-info, the recursive tree listing and resolve (download,
+with a `Range: bytes=<from>-` answered as 206 Partial Content), for model repositories and for
+dataset repositories (`repo_type="dataset"`: the `datasets/` routes; kept in `repos` under
+`datasets/<owner>/<name>`, see `repo_key`).
 Like the Hub, it checks the token on every request, refuses an LFS object whose sha256 is not
 its oid (LFS uploads go to presigned URLs, as on the Hub), and reports each file's git blob id
 and LFS sha256. It can answer the next commits
@@ -27,6 +30,16 @@ from urllib.parse import parse_qs, unquote, urlparse
 LFS_SUFFIXES = (".safetensors", ".bin")
 LFS_POINTER_SIZE = 134
 REPO = r"(?P<repo>[^/]+/[^/]+)"
+# API routes name the repository's kind; git and file routes prefix a dataset with datasets/.
+API_KIND = r"(?P<kind>models|datasets)"
+URL_KIND = r"(?:(?P<kind>datasets)/)?"
+DATASETS = "datasets"
+RANGE = re.compile(r"bytes=([0-9]+)-")
+
+
+def repo_key(repo: str, kind: str | None = None) -> str:
+    """Where `HubState.repos` keeps a repository: its id, a dataset's under datasets/."""
+    return f"{DATASETS}/{repo}" if kind in (DATASETS, "dataset") else repo
 
 
 def blob_id(data: bytes) -> str:
@@ -55,6 +68,8 @@ class HubState:
     # Statuses to answer the next commits with, in order (e.g. [429]).
     fail_commits: list[int] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
+    # Answer a range request with the whole file (200), as a server without range support.
+    ignore_range: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -118,15 +133,15 @@ class Handler(BaseHTTPRequestHandler):
             return
         routes = [
             ("POST", r"/api/repos/create", self._create_repo),
-            ("POST", rf"/api/models/{REPO}/preupload/[^/]+", self._preupload),
-            ("POST", rf"/{REPO}\.git/info/lfs/objects/batch", self._lfs_batch),
+            ("POST", rf"/api/{API_KIND}/{REPO}/preupload/[^/]+", self._preupload),
+            ("POST", rf"/{URL_KIND}{REPO}\.git/info/lfs/objects/batch", self._lfs_batch),
             ("PUT", r"/lfs/(?P<oid>[0-9a-f]{64})", self._lfs_put),
             ("POST", r"/lfs/verify", self._lfs_verify),
-            ("POST", rf"/api/models/{REPO}/commit/[^/]+", self._commit),
-            ("POST", rf"/api/models/{REPO}/paths-info/[^/]+", self._paths_info),
-            ("GET", rf"/api/models/{REPO}/tree/[^/]+(?P<sub>/.*)?", self._tree),
-            ("GET", rf"/{REPO}/resolve/[^/]+/(?P<file>.+)", self._resolve),
-            ("HEAD", rf"/{REPO}/resolve/[^/]+/(?P<file>.+)", self._resolve),
+            ("POST", rf"/api/{API_KIND}/{REPO}/commit/[^/]+", self._commit),
+            ("POST", rf"/api/{API_KIND}/{REPO}/paths-info/[^/]+", self._paths_info),
+            ("GET", rf"/api/{API_KIND}/{REPO}/tree/[^/]+(?P<sub>/.*)?", self._tree),
+            ("GET", rf"/{URL_KIND}{REPO}/resolve/[^/]+/(?P<file>.+)", self._resolve),
+            ("HEAD", rf"/{URL_KIND}{REPO}/resolve/[^/]+/(?P<file>.+)", self._resolve),
         ]
         for verb, pattern, handler in routes:
             match = re.fullmatch(pattern, path)
@@ -148,8 +163,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self._route("PUT")
 
-    def _repo(self, repo: str) -> dict[str, Entry] | None:
-        files = self.state.repos.get(repo)
+    def _repo(self, repo: str, kind: str | None) -> dict[str, Entry] | None:
+        files = self.state.repos.get(repo_key(repo, kind))
         if files is None:
             self._error(404, "RepoNotFound", f"Repository not found: {repo}")
         return files
@@ -157,14 +172,15 @@ class Handler(BaseHTTPRequestHandler):
     def _create_repo(self, body: bytes) -> None:
         request = json.loads(body)
         repo = f"{request['organization']}/{request['name']}"
-        if repo in self.state.repos:
-            self._error(409, "RepoExists", "You already created this model repo")
+        key = repo_key(repo, request.get("type"))
+        if key in self.state.repos:
+            self._error(409, "RepoExists", "You already created this repo")
             return
-        self.state.repos[repo] = {}
-        self._send(200, {"url": f"{self.server.url}/{repo}", "name": repo})
+        self.state.repos[key] = {}
+        self._send(200, {"url": f"{self.server.url}/{key}", "name": repo})
 
-    def _preupload(self, body: bytes, repo: str) -> None:
-        if self._repo(repo) is None:
+    def _preupload(self, body: bytes, repo: str, kind: str | None) -> None:
+        if self._repo(repo, kind) is None:
             return
         files = json.loads(body)["files"]
         modes = [
@@ -177,7 +193,7 @@ class Handler(BaseHTTPRequestHandler):
         ]
         self._send(200, {"files": modes, "commitOid": "0" * 40})
 
-    def _lfs_batch(self, body: bytes, repo: str) -> None:
+    def _lfs_batch(self, body: bytes, repo: str, kind: str | None) -> None:
         request = json.loads(body)
         objects = []
         for item in request["objects"]:
@@ -208,8 +224,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._send(200, {})
 
-    def _commit(self, body: bytes, repo: str) -> None:
-        files = self._repo(repo)
+    def _commit(self, body: bytes, repo: str, kind: str | None) -> None:
+        files = self._repo(repo, kind)
         if files is None:
             return
         if self.state.fail_commits:
@@ -251,15 +267,15 @@ class Handler(BaseHTTPRequestHandler):
             }
         return info
 
-    def _paths_info(self, body: bytes, repo: str) -> None:
-        files = self._repo(repo)
+    def _paths_info(self, body: bytes, repo: str, kind: str | None) -> None:
+        files = self._repo(repo, kind)
         if files is None:
             return
         paths = parse_qs(body.decode()).get("paths", [])
         self._send(200, [self._info(p, files[p]) for p in paths if p in files])
 
-    def _tree(self, body: bytes, repo: str, sub: str | None) -> None:
-        files = self._repo(repo)
+    def _tree(self, body: bytes, repo: str, kind: str | None, sub: str | None) -> None:
+        files = self._repo(repo, kind)
         if files is None:
             return
         prefix = (sub or "").strip("/")
@@ -268,8 +284,8 @@ class Handler(BaseHTTPRequestHandler):
         listed += [{"type": "directory", "path": f, "oid": "0" * 40} for f in sorted(folders)]
         self._send(200, listed)
 
-    def _resolve(self, body: bytes, repo: str, file: str) -> None:
-        files = self._repo(repo)
+    def _resolve(self, body: bytes, repo: str, kind: str | None, file: str) -> None:
+        files = self._repo(repo, kind)
         if files is None:
             return
         entry = files.get(file)
@@ -277,7 +293,17 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, "EntryNotFound", f"{file} does not exist on main")
             return
         data = self.state.lfs[entry.lfs_oid] if entry.lfs_oid else entry.content
-        self._send(200, data, {"ETag": f'"{entry.lfs_oid or entry.blob}"', "X-Repo-Commit": "0"})
+        headers = {"ETag": f'"{entry.lfs_oid or entry.blob}"', "X-Repo-Commit": "0"}
+        wanted = RANGE.fullmatch(self.headers.get("Range", ""))
+        if wanted is None or self.state.ignore_range:
+            self._send(200, data, headers)
+            return
+        start = int(wanted.group(1))
+        if start >= len(data):
+            self._error(416, "RangeNotSatisfiable", f"{file} has {len(data)} bytes")
+            return
+        headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        self._send(206, data[start:], headers)
 
 
 class HubServer(ThreadingHTTPServer):

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from layer_helpers import MIB, Counting, assert_same_checkpoint, save
 
-from trainguard.agent.shipper import Shipper
+from trainguard.agent.shipper import VERIFIED, Shipper
 from trainguard.api.constants import SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_PRIVATE_KEY
+from trainguard.ckpt import scan, verify
 from trainguard.initsteps.restore import restore
 from trainguard.layers import (
     Layer,
@@ -22,6 +24,7 @@ from trainguard.layers.lineage import CheckpointRef, Origin
 from trainguard.layers.ssh import PARTIAL_SUFFIX
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.servers import Sshd
+from trainguard_harness.writer import CheckpointWriter
 
 pytestmark = pytest.mark.e2e
 
@@ -122,3 +125,58 @@ def test_unknown_host_key_is_refused(sshd: Sshd, tmp_path: Path) -> None:
     layer = _layer(sshd, tmp_path, known_hosts=False)
     with pytest.raises(LayerError, match="not found in known_hosts"):
         layer.checkpoints()
+
+
+def _training_state(step: int) -> dict[str, object]:
+    """A model (8 MiB) and its optimizer's moments (1 MiB): model.safetensors is uploaded first."""
+    generator = torch.Generator().manual_seed(step)
+    return {
+        "model": {"w": torch.randn(2 * MIB, generator=generator)},
+        "optimizer": {"exp_avg": torch.randn(MIB // 4, generator=generator)},
+    }
+
+
+@pytest.mark.timeout(120)
+def test_an_upload_slower_than_the_cadence_survives_the_writers_keep_last_n(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    l1 = tmp_path / "l1"
+    writer = CheckpointWriter(l1, keep_last=1, on_event=lambda event: None)
+    layer = _layer(sshd, tmp_path)
+    name = layer.config.name
+    # 9 MiB at 1 MiB/s: about 8 s, while the trainer saves twice more.
+    shipper = Shipper(l1, [layer], poll_s=0.05, bandwidth_bytes_per_s=MIB)
+    try:
+        writer.save(10, _training_state(10))
+        writer.wait()
+        shipper.start()
+        eventually(
+            lambda: (
+                shipper.states()[name]["uploading"] == 10
+                and shipper.states()[name]["bytes_done"] > 0
+            ),
+            30,
+            "the upload of step 10 under way",
+            0.02,
+        )
+        for step in (20, 30):
+            writer.save(step, _training_state(step))
+            writer.wait()
+            assert shipper.newest_verified() == step  # seen, as the shipper's poll would
+        # Keep-last-1 removed step 10 (and 20) from L1 while step 10 was being uploaded.
+        assert shipper.states()[name]["uploading"] == 10
+        assert [v.step for v in scan(l1).valid] == [30]
+        eventually(lambda: shipper.states()[name]["step"] == 30, 60, "step 30 shipped", 0.1)
+    finally:
+        shipper.stop()
+        shipper.join(timeout=60)
+        writer.close()
+    assert steps(layer) == [10, 30]
+    assert layer.verify(ref(10)) == []
+    fetched = layer.fetch(ref(10), tmp_path / "fetched")  # every byte hashed on the way
+    check = verify(fetched)
+    assert check.ok and check.step == 10, check.reasons
+    state = shipper.states()[name]
+    assert (state["state"], state["error"]) == (VERIFIED, None)
+    assert (state["shipped"], state["skipped"]) == (2, 1)  # 20 was superseded by 30
+    assert scan(l1).pinned == ()

@@ -56,11 +56,13 @@ def test_the_layer_report_is_bounded_json_that_keeps_every_layer() -> None:
         f"layer-{i}-" + "x" * 55: {
             "state": FAILED,
             "step": 12_345_678,
-            "uploading": None,
+            "uploading": 12_345_679,
             "bytes_done": 987_654_321_000,
             "bytes_total": 987_654_321_000,
             "error": "botocore.exceptions.EndpointConnectionError: " + "detail " * 300,
             "at": 1.0,
+            "shipped": 1_234_567,
+            "skipped": 1_234_567,
         }
         for i in range(8)
     }
@@ -70,6 +72,8 @@ def test_the_layer_report_is_bounded_json_that_keeps_every_layer() -> None:
     assert parsed == reported
     assert sorted(parsed) == sorted(states)
     assert all((s["state"], s["step"]) == (FAILED, 12_345_678) for s in parsed.values())
+    assert all(s["uploading"] == 12_345_679 for s in parsed.values())
+    assert all(s["shipped"] == s["skipped"] == 1_234_567 for s in parsed.values())
     small = {"s3": {"state": "verified", "step": 40, "error": None, "at": 2.0}}
     assert json.loads(layers_report(small)[0]) == {"s3": {"state": "verified", "step": 40}}
 

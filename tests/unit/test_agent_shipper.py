@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from trainguard.agent.main import layers_report
 from trainguard.agent.shipper import FAILED, SHIPPER_NICE, VERIFIED, Shipper
-from trainguard.ckpt import CheckpointTransaction, Contents, scan, step_dirname
+from trainguard.api.constants import ShippingState
+from trainguard.ckpt import (
+    CheckpointTransaction,
+    Contents,
+    pin_checkpoint,
+    prune,
+    scan,
+    step_dirname,
+)
 from trainguard.initsteps.restore import restore
 from trainguard.layers import FileLayer, LayerConfig, Transfer, open_layer
 from trainguard.layers.lineage import CheckpointRef, Origin
+from trainguard.operator.policies.layers import parse_layers
 from trainguard_dev.testing.polling import eventually
 
 pytestmark = pytest.mark.unit
@@ -91,6 +103,13 @@ def test_failed_upload_is_reported_with_the_error(tmp_path: Path) -> None:
     state = shipper.states()["backup"]
     assert state["state"] == FAILED
     assert state["error"]
+    assert (state["uploading"], state["step"], state["shipped"]) == (1, None, 0)
+    # A layer that never verified a checkpoint still shows its failure in the status.
+    (entry,) = parse_layers(layers_report(shipper.states())[0])
+    assert entry.step is None
+    assert entry.shipping is not None
+    assert (entry.shipping.state, entry.shipping.step) == (ShippingState.FAILED, 1)
+    assert entry.shipping.message and "backup" in entry.shipping.message
 
 
 def test_restore_prefers_newest_then_cheapest_and_skips_corrupt(tmp_path: Path) -> None:
@@ -170,3 +189,114 @@ def test_shipping_runs_at_a_lower_cpu_priority_than_training(tmp_path: Path) -> 
     assert steps(layer) == [10]
     assert seen and all(nice == SHIPPER_NICE for nice in seen), seen
     assert _nice_of_thread(threading.get_native_id()) == 0  # the caller's own is untouched
+
+
+class GatedLayer(FileLayer):
+    """A file:// layer whose copy does not start before the test lets it (a slow uplink)."""
+
+    def __init__(self, config: LayerConfig, root: Path) -> None:
+        super().__init__(config, root)
+        self.entered: list[int] = []  # the steps whose put began
+        self.gate = threading.Event()
+
+    def put(self, checkpoint: Path, transfer: Transfer | None = None) -> CheckpointRef:
+        self.entered.append(int(checkpoint.name.removeprefix("step-")))
+        assert self.gate.wait(timeout=30), "the test never opened the gate"
+        return super().put(checkpoint, transfer)
+
+
+def _gated(root: Path, name: str = "slow", every_steps: int = 0) -> GatedLayer:
+    return GatedLayer(LayerConfig(name, f"file://{root}", keep=2, every_steps=every_steps), root)
+
+
+@contextmanager
+def _running(shipper: Shipper) -> Iterator[Shipper]:
+    shipper.start()
+    try:
+        yield shipper
+    finally:
+        for layer in shipper.layers:
+            if isinstance(layer, GatedLayer):
+                layer.gate.set()
+        shipper.stop()
+        shipper.join(timeout=30)
+    assert not shipper.is_alive()
+
+
+def test_an_upload_survives_keep_last_n_removing_its_checkpoint(tmp_path: Path) -> None:
+    l1 = tmp_path / "l1"
+    layer = _gated(tmp_path / "remote")
+    _save(l1, 10)
+    with _running(Shipper(l1, [layer], poll_s=0.05)) as shipper:
+        eventually(lambda: layer.entered, 10, "the upload of step 10 to begin", 0.02)
+        # The trainer goes on saving, and its keep-last-1 removes step 10 mid-upload.
+        for step in (20, 30):
+            _save(l1, step)
+            assert shipper.newest_verified() == step  # seen, as the shipper's poll would
+            prune(l1, keep_last=1)
+        assert [v.step for v in scan(l1).valid] == [30]
+        layer.gate.set()
+        eventually(lambda: shipper.states()["slow"]["step"] == 30, 10, "step 30 shipped", 0.02)
+    assert steps(layer) == [10, 30]
+    assert not layer.verify(ref(10)) and not layer.verify(ref(30))
+    state = shipper.states()["slow"]
+    assert (state["state"], state["shipped"], state["skipped"]) == (VERIFIED, 2, 1)
+    assert scan(l1).pinned == ()  # every pin went with its upload
+
+
+def test_a_slow_layer_ships_the_newest_while_a_fast_one_ships_each(tmp_path: Path) -> None:
+    l1 = tmp_path / "l1"
+    slow = _gated(tmp_path / "slow")
+    fast = _layer(tmp_path / "fast", name="fast", keep=5)
+    _save(l1, 10)
+    with _running(Shipper(l1, [slow, fast], poll_s=0.05)) as shipper:
+        eventually(lambda: slow.entered and steps(fast) == [10], 10, "both layers at step 10")
+        for step in (20, 30, 40):
+            _save(l1, step)
+            # The fast layer is not held back by the slow one's upload.
+            eventually(lambda step=step: step in steps(fast), 10, f"step {step} on fast", 0.02)
+        slow.gate.set()
+        eventually(lambda: shipper.states()["slow"]["step"] == 40, 10, "step 40 on slow", 0.02)
+    assert steps(fast) == [10, 20, 30, 40]
+    assert steps(slow) == [10, 40]
+    assert slow.entered == [10, 40]
+    states = shipper.states()
+    assert (states["fast"]["shipped"], states["fast"]["skipped"]) == (4, 0)
+    assert (states["slow"]["shipped"], states["slow"]["skipped"]) == (2, 2)
+    (fast_entry, slow_entry) = parse_layers(layers_report(states)[0])
+    assert slow_entry.shipping is not None and fast_entry.shipping is not None
+    assert (slow_entry.shipping.shipped, slow_entry.shipping.skipped) == (2, 2)
+    assert (fast_entry.shipping.shipped, fast_entry.shipping.skipped) == (4, 0)
+
+
+@pytest.mark.parametrize(
+    ("every_steps", "skipped"),
+    [(0, 4), (20, 2), (50, 0)],
+    ids=["every-checkpoint", "every-20-steps", "every-50-steps"],
+)
+def test_skipped_counts_what_the_cadence_would_have_shipped(
+    tmp_path: Path, every_steps: int, skipped: int
+) -> None:
+    l1 = tmp_path / "l1"
+    layer = _gated(tmp_path / "remote", every_steps=every_steps)
+    _save(l1, 10)
+    with _running(Shipper(l1, [layer], poll_s=0.05)) as shipper:
+        eventually(lambda: layer.entered, 10, "the upload of step 10 to begin", 0.02)
+        for step in (20, 30, 40, 50, 60):  # all while the layer is busy with step 10
+            _save(l1, step)
+        layer.gate.set()
+        eventually(lambda: shipper.states()["slow"]["step"] == 60, 10, "step 60 shipped", 0.02)
+    # Of 20..50, a layer free all along would have shipped each (every checkpoint), 30 and 50
+    # (every 20 steps from 10), or none (every 50: 60 is the next after 10).
+    assert shipper.states()["slow"]["skipped"] == skipped
+
+
+def test_pins_of_an_earlier_agent_are_removed_at_the_start(tmp_path: Path) -> None:
+    l1 = tmp_path / "l1"
+    checkpoint = _save(l1, 10)
+    pin_checkpoint(checkpoint)
+    assert len(scan(l1).pinned) == 1
+    Shipper(l1, [_layer(tmp_path / "remote")])
+    found = scan(l1)
+    assert found.pinned == ()
+    assert [v.step for v in found.valid] == [10]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +29,7 @@ from trainguard.agent.verdicts import (
     classify,
 )
 from trainguard.gpu import SimulatedProbe, publish
+from trainguard_dev.testing.polling import eventually
 
 pytestmark = pytest.mark.unit
 
@@ -154,6 +157,74 @@ def test_log_age_alone_never_yields_dead_or_hung() -> None:
     for age in (0, 59, 60, 3600, 86400):
         verdict = classify(replace(ALIVE, log_age_s=age), T)
         assert verdict.name in (HEALTHY, SLOW)
+
+
+# A script that does not use the harness: the supervisor names its process, no heartbeat gives
+# a step, a rate or the framework's memory.
+WITHOUT_HARNESS = replace(
+    ALIVE,
+    heartbeat=False,
+    step=None,
+    tokens_per_s=None,
+    framework_reserved_mib=None,
+    seconds_since_step_advanced=86400,
+    log_age_s=86400,
+)
+WITHOUT_HARNESS_CASES = [
+    ("running, a day without a step or a log line", WITHOUT_HARNESS, HEALTHY),
+    ("stopped by SIGSTOP: slow, never hung", replace(WITHOUT_HARNESS, process_state="T"), SLOW),
+    (
+        "process gone",
+        replace(WITHOUT_HARNESS, process_alive=False, seconds_since_death=0.5, gpu_used_mib=0),
+        DEAD,
+    ),
+    (
+        "D state too long",
+        replace(WITHOUT_HARNESS, process_state="D", seconds_in_d_state=25),
+        IO_STUCK,
+    ),
+    ("a second trainer process", replace(WITHOUT_HARNESS, process_count=2), GHOST_MEMORY),
+    (
+        "memory held by no live process",
+        replace(WITHOUT_HARNESS, gpu_unattributed_mib=30000),
+        GHOST_MEMORY,
+    ),
+    (
+        "gone, memory held past the bound",
+        replace(
+            WITHOUT_HARNESS,
+            process_alive=False,
+            seconds_since_death=6,
+            gpu_used_mib=9000,
+            seconds_held_since_death=6,
+            memory_left_mib=9000,
+        ),
+        GHOST_MEMORY,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "signals", "expected"),
+    WITHOUT_HARNESS_CASES,
+    ids=[c[0] for c in WITHOUT_HARNESS_CASES],
+)
+def test_a_trainer_without_the_harness_is_judged_by_presence_and_memory(
+    name: str, signals: Signals, expected: str
+) -> None:
+    verdict = classify(signals, T)
+    assert verdict.name == expected, verdict.reason
+    assert verdict.evidence["heartbeat"] == "none"
+    if expected == HEALTHY:
+        assert verdict.reason.startswith("alive, running without the harness: no step signal")
+
+
+def test_a_trainer_without_the_harness_within_the_start_up_grace_is_starting_up() -> None:
+    verdict = classify(
+        replace(WITHOUT_HARNESS, seconds_since_start=10), replace(T, startup_grace_s=60)
+    )
+    assert (verdict.name, verdict.reason) == (HEALTHY, "alive, starting up")
+    assert verdict.evidence["heartbeat"] == "none"  # no heartbeat yet, or none ever
 
 
 NOT_RELEASED_CASES = [
@@ -290,3 +361,68 @@ def test_a_restarted_trainer_before_its_first_heartbeat_holds_its_own_memory(
     assert verdict.name == expected, verdict.reason
     if expected == GHOST_MEMORY:
         assert later.memory_left_mib == 1500
+
+
+@pytest.mark.timeout(30)
+def test_a_supervised_script_without_a_heartbeat_is_watched_by_presence(pod: Pod) -> None:
+    pod.start(heartbeat=False)  # a script that never writes the harness heartbeat
+    first = pod.observe(0.0)
+    assert first.trainer_seen and first.process_alive and not first.heartbeat
+    assert pod.process is not None and pod.collector.pid == pod.process.pid
+    running = pod.observe(1000.0)  # past the start-up grace and any hang bound
+    verdict = classify(running, T)
+    assert verdict.name == HEALTHY, verdict.reason
+    assert "running without the harness: no step signal" in verdict.reason
+    assert running.step is None and running.gpu_used_mib == 2048.0
+    pod.kill()
+    assert classify(pod.observe(1001.0), T).name == DEAD
+    # Restarted in place, and dead and restarted again before the next look: that death is
+    # seen at one look, then the supervisor's new process is watched.
+    pod.start(heartbeat=False)
+    assert classify(pod.observe(1002.0), T).name == HEALTHY
+    pod.kill()
+    pod.start(heartbeat=False)
+    unseen = pod.observe(1003.0)
+    assert classify(unseen, T).name == DEAD and unseen.seconds_since_death == 0.0
+    again = pod.observe(1004.0)
+    assert again.process_alive and pod.collector.pid == pod.process.pid
+
+
+@pytest.mark.timeout(30)
+def test_a_heartbeat_left_by_a_dead_trainer_is_not_the_restarted_ones(pod: Pod) -> None:
+    pod.start()  # wrote a heartbeat at step 10, then died
+    pod.kill()
+    pod.start(heartbeat=False)  # restarted in place; an agent that starts now
+    signals = pod.observe(0.0)
+    assert signals.process_alive and not signals.heartbeat and signals.step is None
+    assert classify(signals, T).name == HEALTHY
+
+
+LAUNCHER = """
+import subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(worker.pid, flush=True)
+worker.wait()
+time.sleep(60)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_the_heartbeat_of_a_launchers_worker_names_the_trainer(pod: Pod) -> None:
+    # The supervisor runs a launcher; the process that trains, and heartbeats, is its child.
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE)
+    pod.process = launcher
+    pod.supervisor.write_text(json.dumps({"state": "running", "child_pid": launcher.pid}))
+    assert launcher.stdout is not None
+    worker = int(launcher.stdout.readline())
+    assert pod.observe(0.0).process_alive  # the launcher, watched before any heartbeat
+    assert pod.collector.pid == launcher.pid
+    beat = {"pid": worker, "step": 10, "time": time.time(), "phase": "training"}
+    pod.heartbeat.write_text(json.dumps(beat))
+    watched = pod.observe(1.0)
+    assert pod.collector.pid == worker and watched.heartbeat and watched.step == 10
+    os.kill(worker, signal.SIGKILL)
+    eventually(lambda: not Path(f"/proc/{worker}").exists(), 10, "the worker reaped")
+    # The worker's death is the trainer's, though the launcher still runs.
+    assert launcher.poll() is None
+    assert classify(pod.observe(2.0), T).name == DEAD

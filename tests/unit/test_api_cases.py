@@ -24,6 +24,12 @@ def test_base_run_is_valid() -> None:
     assert pydantic_errors(base_run()) == []
 
 
+def test_py_spy_false_of_runs_stored_before_its_removal_is_still_valid() -> None:
+    stored = base_run()
+    stored["spec"]["monitor"] = {"pySpy": False}
+    assert pydantic_errors(stored) == []
+
+
 @pytest.mark.parametrize("example", ["minimal.yaml", "full.yaml"])
 def test_examples_are_valid(example: str) -> None:
     assert pydantic_errors(yaml.safe_load((EXAMPLES / example).read_text())) == []

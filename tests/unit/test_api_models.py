@@ -121,14 +121,26 @@ def test_every_failing_rule_of_an_object_is_reported() -> None:
         "file:///mnt/backup",
         "s3://bucket-name/prefix/deeper",
         "s3://bucket.with.dots",
-        "hf://org/repo",
         "hf://datasets/org/name",
+        "hf://datasets/org/name@v1.0/train/en",
         "ssh://host/srv/ckpt",
         "ssh://user@host.example.com:2222/srv/ckpt",
     ],
 )
 def test_valid_uris(uri: str) -> None:
-    Data.from_object({"source": {"uri": uri}})
+    secret = {} if uri.startswith("file://") else {"credentialsSecret": {"name": "creds"}}
+    Data.from_object({"source": {"uri": uri, **secret}})
+    layer = {"name": "l", "uri": uri, "contents": "weights", **secret}
+    if uri.startswith("file://"):
+        layer["claimName"] = "backup"
+    RemoteLayer.from_object(layer)
+
+
+def test_a_model_repository_is_a_layer_not_a_data_source() -> None:
+    layer = {"name": "hub", "uri": "hf://org/repo", "contents": "weights"}
+    RemoteLayer.from_object({**layer, "credentialsSecret": {"name": "hf-token"}})
+    with pytest.raises(ValidationError, match="hf:// data source is a dataset repository"):
+        Data.from_object({"source": {"uri": "hf://org/repo"}})
 
 
 def test_uri_regexes_anchor_like_re2() -> None:

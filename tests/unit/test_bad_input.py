@@ -135,6 +135,19 @@ def test_a_missing_secret_is_named_from_the_pods_failed_mount_events() -> None:
     assert [p["metadata"]["name"] for p in api.pods()] == ["llm-1"]
 
 
+def test_a_missing_data_source_secret_is_named_with_its_use() -> None:
+    source = {"uri": "s3://bucket/shards", "credentialsSecret": {"name": SECRET}}
+    api = KubeletApi(
+        api_with_run(data={"source": source, "size": "1Gi"}),
+        RECORDED["missing-secret"]["events"],
+    )
+    cycle(api)
+    kubelet_reports(api, recorded("missing-secret", {"main": Container.TRAINER}))
+    cycles(api)
+    message = assert_one_state(api, Reason.SECRET_NOT_FOUND, SECRET, "the data source")
+    assert "remote layer" not in message
+
+
 def test_a_missing_data_claim_is_named_with_its_use() -> None:
     api = api_with_run(data=DATA_CLAIM)
     cycle(api)

@@ -37,6 +37,7 @@ CONTRACT = {
     and value.startswith("TRAINGUARD_")
     and not value.endswith("_")
     and value not in env.NODE_PROVIDED
+    and value != env.DATA_SECRETS  # only in stage-data, and only with a Secret to mount
 }
 RESTRICTED = {
     "allowPrivilegeEscalation": False,
@@ -338,6 +339,42 @@ def test_staging_from_a_uri_passes_it_on() -> None:
     assert env.DATA_BYTES not in env_of(stage)  # no size declared: nothing to check against
 
 
+def test_the_data_sources_secret_reaches_the_stage_data_step_only(tmp_path: Any) -> None:
+    source = {"uri": "ssh://data@files.example/srv/shards", "credentialsSecret": {"name": "key"}}
+    manifest = pod({"data": {"source": source}, "checkpoints": {"remote": [S3_LAYER]}})
+    by_name = containers(manifest)
+    stage = by_name["stage-data"]
+    assert env_of(stage)[env.DATA_SECRETS] == "/trainguard/source-credentials"
+    assert mounts(stage)["/trainguard/source-credentials"] == {
+        "name": "data-source-credentials",
+        "mountPath": "/trainguard/source-credentials",
+        "readOnly": True,
+    }
+    # Root-owned, readable through the pod's group, like a layer's Secret.
+    assert volumes(manifest)["data-source-credentials"] == {
+        "name": "data-source-credentials",
+        "secret": {"secretName": "key", "defaultMode": 0o440},
+    }
+    for name, container in by_name.items():
+        if name == "stage-data":
+            continue
+        assert env.DATA_SECRETS not in env_of(container), name
+        assert "/trainguard/source-credentials" not in mounts(container), name
+    # The step reads the keys where the variable says, as a layer's.
+    (tmp_path / "ssh-privatekey").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    read = PodEnv.from_env({env.DATA_SECRETS: str(tmp_path)}).data_secrets
+    assert read is not None
+    assert Credentials.from_directory(read, "the data source").file("ssh-privatekey") == (
+        tmp_path / "ssh-privatekey"
+    )
+
+
+def test_a_data_source_without_a_secret_mounts_none() -> None:
+    manifest = pod({"data": {"source": {"uri": "s3://shards/v3"}}})
+    assert env.DATA_SECRETS not in env_of(containers(manifest)["stage-data"])
+    assert "data-source-credentials" not in volumes(manifest)
+
+
 def test_data_read_in_place_mounts_the_claim_into_the_trainer() -> None:
     manifest = pod(
         {
@@ -550,13 +587,14 @@ def test_cpu_only_run_requests_no_gpu() -> None:
         }
 
 
-def test_py_spy_grants_ptrace_to_the_agent_only() -> None:
-    by_name = containers(pod({"monitor": {"pySpy": True}}))
-    assert by_name["agent"]["securityContext"]["capabilities"] == {
-        "drop": ["ALL"],
-        "add": ["SYS_PTRACE"],
-    }
-    assert by_name["trainer"]["securityContext"] == RESTRICTED_TRAINER
+def test_a_run_stored_with_py_spy_false_keeps_its_pod_and_spec_hash() -> None:
+    # Runs stored while pySpy existed carry its default; their pods must not look changed.
+    stored = make_run({"monitor": {"pySpy": False}}).spec
+    assert stored.to_object()["monitor"]["pySpy"] is False
+    assert "pySpy" not in make_run().spec.to_object()["monitor"]
+    for name, container in containers(pod({"monitor": {"pySpy": False}})).items():
+        expected = RESTRICTED_TRAINER if name == "trainer" else RESTRICTED
+        assert container["securityContext"] == expected, name
 
 
 def test_args_and_working_dir_reach_the_trainer() -> None:

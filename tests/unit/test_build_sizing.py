@@ -1,4 +1,4 @@
-"""Local disk sizing: data + (keepLast + 1) x checkpoint + margin, per spec shape."""
+"""Local disk sizing: data + (keepLast + 1 + pinned) x checkpoint + margin, per spec shape."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ MARGIN = 2 * GI + 1 * GI  # logs volume + fixed slack
 
 def margin(local: int) -> int:
     return MARGIN + -(-local * 5 // 100)  # + 5 %, rounded up
+
+
+def remote(count: int) -> list[dict[str, Any]]:
+    """`count` remote layers."""
+    return [{"name": f"layer-{i}", "uri": f"s3://bucket/run-{i}"} for i in range(count)]
 
 
 CASES: list[tuple[str, dict[str, Any], int | None, int | None, int | None]] = [
@@ -58,6 +63,21 @@ CASES: list[tuple[str, dict[str, Any], int | None, int | None, int | None]] = [
         None,
     ),
     ("nothing to size by", {"model": {"parameters": None}}, None, None, None),
+    # An upload reads a pinned copy that keep-last-N cannot free: one per concurrent upload.
+    (
+        "one remote layer pins one more",
+        {"checkpoints": {"size": "10Gi", "remote": remote(1)}},
+        10 * GI,
+        40 * GI,
+        None,
+    ),
+    (
+        "three remote layers pin at most two more",
+        {"checkpoints": {"size": "10Gi", "remote": remote(3)}},
+        10 * GI,
+        50 * GI,
+        None,
+    ),
 ]
 
 

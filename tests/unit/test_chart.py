@@ -34,6 +34,7 @@ EVERYTHING: Obj = {
     "metrics": {"serviceMonitor": {"enabled": True}},
     "networkPolicy": {"enabled": True, "apiServerCIDRs": ["10.0.0.1/32"]},
     "dashboard": {"enabled": True},
+    "alerts": {"enabled": True},
 }
 NAMESPACED: Obj = {"operator": {"watchNamespaces": ["team-a", "team-b"]}}
 # Never granted, in any mode: reading credentials, changing who may do what, acting as
@@ -254,7 +255,7 @@ def test_optional_objects_only_when_enabled(default: list[Obj]) -> None:
         "ValidatingAdmissionPolicyBinding",
     }
     everything = {o["kind"] for o in render(RELEASE, NAMESPACE, EVERYTHING)}
-    assert {"ServiceMonitor", "NetworkPolicy", "ConfigMap"} <= everything
+    assert {"ServiceMonitor", "NetworkPolicy", "ConfigMap", "PrometheusRule"} <= everything
     off = {"create": False, "admissionPolicies": False}
     bare = render(RELEASE, NAMESPACE, {"metrics": {"enabled": False}, "rbac": off})
     assert {o["kind"] for o in bare} == {"ServiceAccount", "Deployment"}

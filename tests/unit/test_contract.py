@@ -67,7 +67,9 @@ def as_kubelet_sets_it(container: dict[str, Any]) -> dict[str, str]:
     return result
 
 
-def expected_from_spec(run: TrainingRun, with_secrets: bool) -> dict[str, Any]:
+def expected_from_spec(
+    run: TrainingRun, with_secrets: bool, with_data_secrets: bool = False
+) -> dict[str, Any]:
     """Every PodEnv field, as the spec (and the pod's fixed paths) says it must read."""
     spec = run.spec
     assert spec.data is not None
@@ -96,6 +98,7 @@ def expected_from_spec(run: TrainingRun, with_secrets: bool) -> dict[str, Any]:
         "layers": tuple(spec.checkpoints.remote),
         "flush_timeout_seconds": spec.checkpoints.flush_timeout_seconds,
         "data_source": str(spec.data.source.uri),
+        "data_secrets": Path("/trainguard/source-credentials") if with_data_secrets else None,
         "data_bytes": 71 * 2**30,
         "checkpoint_bytes": 35 * 2**30,
         "layer_paths": {
@@ -118,14 +121,18 @@ def test_spec_to_env_to_reader_gives_back_every_field(container: str) -> None:
     spec = manifest["spec"]
     by_name = {c["name"]: c for c in [*spec["initContainers"], *spec["containers"]]}
     read = PodEnv.from_env(as_kubelet_sets_it(by_name[container]))
-    expected = expected_from_spec(run, with_secrets=container in ("agent", "restore"))
+    expected = expected_from_spec(
+        run,
+        with_secrets=container in ("agent", "restore"),
+        with_data_secrets=container == "stage-data",
+    )
     # Every field of the contract is covered, and none is vacuous: the full example sets
     # each one to something other than its default (the state volume's mount is the pod's
     # own and fixed; the next test moves it).
     assert set(expected) == set(PodEnv.model_fields)
     defaults = PodEnv()
     for field, value in expected.items():
-        if field == "state_dir" or (field == "layer_secrets" and not value):
+        if field == "state_dir" or (field in ("layer_secrets", "data_secrets") and not value):
             continue  # the steps without a Secret mount have none
         assert value != getattr(defaults, field), field
     assert {field: getattr(read, field) for field in expected} == expected

@@ -17,6 +17,7 @@ from trainguard.ckpt import CheckpointTransaction, Contents, verify
 from trainguard.initsteps.restore import restore
 from trainguard.layers import FileLayer, LayerConfig
 from trainguard.layers.lineage import (
+    LEGACY,
     CheckpointRef,
     Lineage,
     Origin,
@@ -71,7 +72,9 @@ def test_keys_name_the_run_and_attempt_and_parse_back() -> None:
     key = checkpoint_key(ref, "model.bin")
     assert key == f"run-{RUN}/attempt-2/step-00000007/model.bin"
     assert parse_key(key) == (ref, "model.bin")
-    assert parse_key("step-00000007/model.bin") is None  # the layout before attempts
+    # The layout before checkpoints named their attempt: read as LEGACY.
+    assert parse_key("step-00000007/model.bin") == (CheckpointRef(7, LEGACY), "model.bin")
+    assert CheckpointRef(7, LEGACY).path == "step-00000007"
     assert parse_key(f"run-{RUN}/attempt-02/step-00000007/x") is None
     assert Origin.of("", None) == Origin("local", 0)
 
@@ -162,3 +165,20 @@ def test_prune_plan_leaves_invalid_and_drops_abandoned_partials() -> None:
     assert sorted(plan) == [CheckpointRef(10, SECOND), CheckpointRef(15, SECOND)]
     with pytest.raises(ValueError, match="at least 1"):
         prune_plan(refs, 0, Lineage(SECOND), lambda ref: True)
+
+
+def test_an_upgraded_operator_resumes_from_checkpoints_shipped_before_attempts(
+    tmp_path: Path,
+) -> None:
+    """A layer written by the earlier layout (`step-<n>/` under the root) is still restored."""
+    nfs = tmp_path / "nfs"
+    nfs.mkdir()
+    old = _save(tmp_path / "old-l1", 60)
+    (nfs / old.name).mkdir()
+    for item in old.iterdir():
+        (nfs / old.name / item.name).write_bytes(item.read_bytes())
+    layer = _layer(nfs, SECOND)
+    assert layer.checkpoints() == [CheckpointRef(60, LEGACY)]
+    report = restore(tmp_path / "l1", [layer], Lineage(SECOND, FENCES))
+    assert (report.step, report.origin) == (60, str(LEGACY))
+    assert verify(tmp_path / "l1" / "step-00000060").ok

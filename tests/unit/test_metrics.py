@@ -15,7 +15,6 @@ from trainguard.operator.metrics import ENV_METRICS_PORT, Metrics, serve
 
 pytestmark = pytest.mark.unit
 
-NOW = datetime(2025, 6, 1, 10, 0, 0, tzinfo=UTC)
 T0 = "2025-06-01T09:59:58Z"
 RUN = ("team-a", "llm")
 SCRAPE_TIMEOUT_SECONDS = 5
@@ -49,49 +48,58 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 def test_first_status_of_a_run_is_a_baseline(metrics: Metrics, registry: CollectorRegistry) -> None:
     # An operator that starts sees every run once: their history must not count again.
-    metrics.observe(RUN, status("Training", restarts=3, verdict="Slow"), NOW)
+    metrics.observe(RUN, status("Training", restarts=3, verdict="Slow"))
     assert value(registry, "trainguard_restarts_total", namespace="team-a") == 0
     assert value(registry, "trainguard_verdicts_total", namespace="team-a", verdict="Slow") == 0
     assert value(registry, "trainguard_runs", namespace="team-a", phase="Running") == 1
 
 
 def test_restarts_and_verdicts_count_changes(metrics: Metrics, registry: CollectorRegistry) -> None:
-    metrics.observe(RUN, status("Training", restarts=0, verdict="Healthy"), NOW)
-    metrics.observe(RUN, status("Training", restarts=0, verdict="Healthy"), NOW)
-    metrics.observe(RUN, status("Training", restarts=2, verdict="Hung"), NOW)
-    metrics.observe(RUN, status("Training", restarts=2, verdict="Hung"), NOW)
+    metrics.observe(RUN, status("Training", restarts=0, verdict="Healthy"))
+    metrics.observe(RUN, status("Training", restarts=0, verdict="Healthy"))
+    metrics.observe(RUN, status("Training", restarts=2, verdict="Hung"))
+    metrics.observe(RUN, status("Training", restarts=2, verdict="Hung"))
     assert value(registry, "trainguard_restarts_total", namespace="team-a") == 2
     assert value(registry, "trainguard_verdicts_total", namespace="team-a", verdict="Hung") == 1
     assert value(registry, "trainguard_verdicts_total", namespace="team-a", verdict="Healthy") == 0
 
 
-def test_action_with_its_failure_and_detection_latency(
-    metrics: Metrics, registry: CollectorRegistry
-) -> None:
+def test_action_with_its_failure(metrics: Metrics, registry: CollectorRegistry) -> None:
     failure = {"cause": "Dead", "time": T0, "message": "no trainer process", "step": 40}
-    metrics.observe(RUN, status("Training"), NOW)
-    metrics.observe(RUN, status("Rescheduling", "Recovering", lastFailure=failure), NOW)
-    metrics.observe(RUN, status("Scheduling", "Pending", lastFailure=failure), NOW)
+    metrics.observe(RUN, status("Training"))
+    metrics.observe(RUN, status("Rescheduling", "Recovering", lastFailure=failure))
+    metrics.observe(RUN, status("Scheduling", "Pending", lastFailure=failure))
     labels = {"namespace": "team-a"}
     assert value(
         registry, "trainguard_actions_total", action="Rescheduling", reason="Dead", **labels
     )
     assert value(registry, "trainguard_actions_total", action="Scheduling", reason="None", **labels)
     assert value(registry, "trainguard_reschedules_total", **labels) == 1
-    # One failure, observed once: 2 s from its time to the status.
-    assert value(registry, "trainguard_detection_latency_seconds_count", **labels) == 1
-    assert value(registry, "trainguard_detection_latency_seconds_sum", **labels) == 2.0
-    assert value(registry, "trainguard_detection_latency_seconds_bucket", le="2.0", **labels) == 1
-    assert value(registry, "trainguard_detection_latency_seconds_bucket", le="1.0", **labels) == 0
+    # The operator's own record time (lastFailure.time) says nothing of the detection's
+    # latency: the watched statuses do not time it, the cycle that writes the record does.
+    assert value(registry, "trainguard_detection_latency_seconds_count", **labels) == 0
+
+
+def test_detection_latency_is_what_the_cycles_time(
+    metrics: Metrics, registry: CollectorRegistry
+) -> None:
+    metrics.detected("team-a", 1.5)
+    metrics.detected("team-a", 0.0)
+    labels = {"namespace": "team-a"}
+    assert value(registry, "trainguard_detection_latency_seconds_count", **labels) == 2
+    assert value(registry, "trainguard_detection_latency_seconds_sum", **labels) == 1.5
+    assert value(registry, "trainguard_detection_latency_seconds_bucket", le="2.0", **labels) == 2
+    assert value(registry, "trainguard_detection_latency_seconds_bucket", le="1.0", **labels) == 1
+    assert value(registry, "trainguard_detection_latency_seconds_count", namespace="b") == 0
 
 
 def test_gauges_follow_the_latest_statuses(metrics: Metrics, registry: CollectorRegistry) -> None:
     saved = (datetime.now(UTC) - timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
     checkpoints = [{"layer": "l1", "step": 400, "time": saved, "verified": True}, {"layer": "s3"}]
     excluded = [{"node": "gpu-1", "reason": "GhostMemory", "time": T0}]
-    metrics.observe(RUN, status("Training", checkpoints=checkpoints, excludedNodes=excluded), NOW)
-    metrics.observe(("team-a", "other"), status("Training", excludedNodes=excluded), NOW)
-    metrics.observe(("team-b", "done"), status("Completed", "Completed"), NOW)
+    metrics.observe(RUN, status("Training", checkpoints=checkpoints, excludedNodes=excluded))
+    metrics.observe(("team-a", "other"), status("Training", excludedNodes=excluded))
+    metrics.observe(("team-b", "done"), status("Completed", "Completed"))
     assert value(registry, "trainguard_runs", namespace="team-a", phase="Running") == 2
     assert value(registry, "trainguard_runs", namespace="team-b", phase="Completed") == 1
     age = value(

@@ -68,11 +68,16 @@ def test_env_contract_documents_every_volume_of_the_pod() -> None:
         "uri": "s3://bucket/run",
         "credentialsSecret": {"name": "creds"},
     }
-    spec = {
-        "data": {"source": {"pvc": {"claimName": "shards"}}, "size": "1Gi"},
-        "checkpoints": {"remote": [layer]},
-    }
-    manifest = training_pod(make_run(spec), PodInputs(attempt=1, agent_image="tg:1"))
-    for volume in manifest["spec"]["volumes"]:
-        name = volume["name"].replace("-backup", "-<layer>")
-        assert f"| `{name}` |" in ENV_CONTRACT, name
+    sources = [
+        {"pvc": {"claimName": "shards"}},
+        {"uri": "s3://bucket/shards", "credentialsSecret": {"name": "shards-creds"}},
+    ]
+    for source in sources:
+        spec = {
+            "data": {"source": source, "size": "1Gi"},
+            "checkpoints": {"remote": [layer]},
+        }
+        manifest = training_pod(make_run(spec), PodInputs(attempt=1, agent_image="tg:1"))
+        for volume in manifest["spec"]["volumes"]:
+            name = volume["name"].replace("-backup", "-<layer>")
+            assert f"| `{name}` |" in ENV_CONTRACT, name

@@ -1,4 +1,4 @@
-"""Restart back-off: the delay table, what is left of it, and the attempt it holds back."""
+"""Restart back-off: the delay table, when it starts over, what is left of it, what it holds."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Reason
 from trainguard.api.spec import Backoff
 from trainguard.api.status import Failure as FailureRecord
-from trainguard.operator.policies.backoff import delay, hold, remaining
+from trainguard.operator.policies.backoff import delay, hold, remaining, streak
 from trainguard.operator.policies.lifecycle import Decision
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(10)]
@@ -40,11 +40,17 @@ def test_delay_doubles_from_the_first_restart_up_to_the_cap(
     assert delay(backoff, restart) == seconds
 
 
-def failed(restarts: int, ago: float) -> TrainingRunStatus:
+def failed(counted: int, ago: float, restarts: int | None = None) -> TrainingRunStatus:
+    """A status whose last failure was `ago` seconds before T0, `counted` restarts in a row."""
     last = FailureRecord(
         cause="Dead", step=10, time=T0 - timedelta(seconds=ago), attempt=1, message=""
     )
-    return TrainingRunStatus(attempt=1, restarts=restarts, last_failure=last)
+    return TrainingRunStatus(
+        attempt=1,
+        restarts=counted if restarts is None else restarts,
+        backoff_restarts=counted,
+        last_failure=last,
+    )
 
 
 @pytest.mark.parametrize(
@@ -56,6 +62,8 @@ def failed(restarts: int, ago: float) -> TrainingRunStatus:
         (failed(1, 7), 0.0),  # waited already
         (failed(3, 5), 15.0),  # third restart: 20 s
         (failed(0, 0), 0.0),  # failure recorded as Failed: no restart to wait for
+        # Restarts before the back-off last started over add nothing: the first delay again.
+        (failed(1, 0, restarts=7), 5.0),
     ],
 )
 def test_remaining_counts_from_the_recorded_failure(status: TrainingRunStatus, left: float) -> None:
@@ -85,3 +93,30 @@ def test_hold_keeps_a_rescheduled_attempt_back_until_the_delay_passed(
     held, left = hold(decision, status, FIVE_TO_300, T0)
     assert (held.attempt, held.create) == (attempt, create)
     assert left == pytest.approx(wait)
+
+
+@pytest.mark.parametrize(
+    ("status", "counted"),
+    [
+        (TrainingRunStatus(), 0),  # never failed
+        # The third restart waited 20 s: the run restarted 20 s after the failure, and it
+        # starts over once it then ran resetAfterSeconds (600) before failing again...
+        (failed(3, 20 + 600), 0),
+        (failed(3, 20 + 6000), 0),
+        # ... not a second earlier, and never for a run of many restarts that keeps failing.
+        (failed(3, 20 + 599), 3),
+        (failed(3, 1), 3),
+        (failed(9, 300 + 599, restarts=40), 9),
+        (failed(9, 300 + 600, restarts=40), 0),
+    ],
+)
+def test_the_back_off_starts_over_after_the_run_ran_reset_after_seconds(
+    status: TrainingRunStatus, counted: int
+) -> None:
+    assert streak(status, FIVE_TO_300, T0) == counted
+
+
+def test_reset_after_seconds_is_the_runs_own() -> None:
+    quick = Backoff(initial_seconds=5, max_seconds=300, reset_after_seconds=60)
+    assert streak(failed(2, 10 + 60), quick, T0) == 0
+    assert streak(failed(2, 10 + 60), FIVE_TO_300, T0) == 2

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Verdict
-from trainguard.api.spec import Recovery
+from trainguard.api.spec import Backoff, Recovery
 from trainguard.api.status import Failure as FailureRecord
 from trainguard.operator.k8s.leases import lease_view
 from trainguard.operator.policies import ladder
-from trainguard.operator.policies.failures import Found, Observation, detect, history, record
+from trainguard.operator.policies.failures import (
+    Found,
+    Observation,
+    detect,
+    detection_seconds,
+    history,
+    record,
+)
 from trainguard.operator.policies.ladder import Failure
 from trainguard.operator.policies.lifecycle import PodView, given_up
 from trainguard.operator.policies.signals import LeaseView, urgent
@@ -82,12 +90,59 @@ def test_detect(
 
 def test_a_detected_failure_carries_step_node_and_evidence() -> None:
     found = detect(NONE, Observation(2, POD, lease(Verdict.IO_STUCK), True, T0))
-    assert found == Found(Failure("IOStuck", 120, True), "gpu-a", '{"reason":"x"}')
+    # The newest verified checkpoint: the one the pod's agent reports (none in the status yet).
+    assert found == Found(
+        Failure("IOStuck", 120, True), "gpu-a", '{"reason":"x"}', checkpoint_step=100
+    )
+
+
+# The agent's verdict start, to the microsecond its Lease annotation carries.
+SINCE = T0 - timedelta(seconds=3, microseconds=250_000)
+NOT_RELEASED = LeaseView(
+    Verdict.GHOST_MEMORY, 120, 100, "", T0, 15, "llm-2", cause="GPUMemoryNotReleased"
+)
+
+
+@pytest.mark.parametrize(
+    ("pod", "view", "ready", "began"),
+    [
+        (POD, replace(lease(Verdict.DEAD), since=SINCE), True, SINCE),
+        (POD, replace(lease(Verdict.HUNG), since=SINCE), True, SINCE),
+        (POD, replace(NOT_RELEASED, since=SINCE), True, SINCE),  # a narrower cause: the same
+        (POD, lease(Verdict.DEAD), True, None),  # an agent that does not say when
+        # The operator sees the expiry itself: from when the Lease ran out (renewal + 15 s).
+        (POD, HEALTHY, False, T0 + timedelta(seconds=15)),
+        # A failed pod is the pod's phase: no clock says when it began.
+        (PodView("llm-2", 2, phase="Failed", node="gpu-a"),
+         replace(lease(Verdict.DEAD), since=SINCE), True, None),
+    ],
+)  # fmt: skip
+def test_a_failure_begins_at_its_first_sight(
+    pod: PodView, view: LeaseView, ready: bool, began: datetime | None
+) -> None:
+    found = detect(NONE, Observation(2, pod, view, ready, T0 + timedelta(seconds=60)))
+    assert found is not None and found.began == began
+
+
+@pytest.mark.parametrize(
+    ("began", "seconds"),
+    [
+        (SINCE, 3.25),  # the verdict's start to the write, to the microsecond
+        (T0, 0.0),
+        (T0 + timedelta(seconds=2), 0.0),  # the agent's clock ahead of the operator's
+        (None, None),  # a failure no clock dates is not timed
+    ],
+)
+def test_detection_is_timed_from_the_first_sight_to_the_write(
+    began: datetime | None, seconds: float | None
+) -> None:
+    found = Found(Failure("Dead", 120, True), "gpu-a", "exit 1", began=began)
+    assert detection_seconds(found, T0) == seconds
 
 
 def _decide(status: TrainingRunStatus, found: Found, **recovery: object) -> TrainingRunStatus:
     decision = ladder.decide(found.failure, history(status), Recovery(**recovery))
-    return record(status, found, decision, 2, 1, T0)
+    return record(status, found, decision, 2, 1, T0, Backoff())
 
 
 def test_a_node_failure_excludes_the_node_and_carries_rescheduling() -> None:
@@ -109,7 +164,7 @@ def test_deaths_restart_in_place_then_reschedule() -> None:
     for step in (100, 200, 300):
         found = Found(Failure("Dead", step, True), "gpu-a", "exit 1")
         decision = ladder.decide(found.failure, history(status), Recovery(inPlaceRestarts=2))
-        status = record(status, found, decision, 2, 1, T0)
+        status = record(status, found, decision, 2, 1, T0, Backoff())
         actions.append((decision.action.value, status.in_place_restarts, status.restarts))
     assert actions == [("RestartInPlace", 1, 1), ("RestartInPlace", 2, 2), ("Reschedule", 0, 3)]
     assert not status.excluded_nodes  # a software failure keeps the node
@@ -168,7 +223,7 @@ def test_memory_not_released_is_its_own_cause_recorded_once() -> None:
         True,
         False,
     )
-    new = record(after_death, found, decision, 2, 1, T0)
+    new = record(after_death, found, decision, 2, 1, T0, Backoff())
     assert [(e.node, e.reason) for e in new.excluded_nodes] == [("gpu-a", "GPUMemoryNotReleased")]
     assert new.verdict == Verdict.GHOST_MEMORY  # the verdict the agent reported
     assert detect(new, Observation(2, POD, view, True, T0)) is None  # handled

@@ -13,7 +13,7 @@ R = Recovery.model_validate(
     {"inPlaceRestarts": 2, "maxRestarts": 5, "sameStepWindow": 10, "onRepeatedFailure": "Stop"}
 )
 CONTINUE = R.model_copy(update={"on_repeated_failure": "Continue"})
-FRESH = History(restarts=0, in_place_restarts=0, last_failure_step=None)
+FRESH = History(restarts_without_progress=0, in_place_restarts=0, last_failure_step=None)
 
 CASES = [
     # (name, failure, history, recovery, action, taint, reason)
@@ -143,6 +143,16 @@ CASES = [
         Action.FAIL,
         False,
         "MaxRestartsExceeded",
+    ),
+    (
+        # maxRestarts bounds the restarts in a row without progress, not those of the run's life.
+        "one short of max restarts without progress",
+        Failure("Dead", 900, True),
+        History(4, 0, 100),
+        R,
+        Action.RESTART_IN_PLACE,
+        False,
+        "RestartingInPlace",
     ),
     (
         "ghost memory past max restarts",

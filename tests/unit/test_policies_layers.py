@@ -35,23 +35,33 @@ def _report(**layers: LayerState) -> str:
             LayerCheckpoint(
                 layer="s3",
                 shipping=Shipping(
-                    state=ShippingState.UPLOADING, step=40, bytes_done=1024, bytes_total=4096
+                    state=ShippingState.UPLOADING,
+                    step=40,
+                    bytes_done=1024,
+                    bytes_total=4096,
+                    shipped=0,
+                    skipped=0,
                 ),
             ),
         ),
         (
-            LayerState("verified", 40, None, 4096, 4096),
+            LayerState("verified", 40, None, 4096, 4096, shipped=3, skipped=2),
             LayerCheckpoint(
                 layer="s3",
                 step=40,
                 verified=True,
                 shipping=Shipping(
-                    state=ShippingState.VERIFIED, step=40, bytes_done=4096, bytes_total=4096
+                    state=ShippingState.VERIFIED,
+                    step=40,
+                    bytes_done=4096,
+                    bytes_total=4096,
+                    shipped=3,
+                    skipped=2,
                 ),
             ),
         ),
         (
-            LayerState("failed", 40, 60, 0, 4096, "s3: connection refused"),
+            LayerState("failed", 40, 60, 0, 4096, "s3: connection refused", shipped=1),
             LayerCheckpoint(
                 layer="s3",
                 step=40,
@@ -62,6 +72,25 @@ def _report(**layers: LayerState) -> str:
                     bytes_done=0,
                     bytes_total=4096,
                     message="s3: connection refused",
+                    shipped=1,
+                    skipped=0,
+                ),
+            ),
+        ),
+        (
+            # Failing from the first upload on: no step verified, the failure still shows.
+            LayerState("failed", None, 10, 0, 4096, "s3: connection refused"),
+            LayerCheckpoint(
+                layer="s3",
+                verified=False,
+                shipping=Shipping(
+                    state=ShippingState.FAILED,
+                    step=10,
+                    bytes_done=0,
+                    bytes_total=4096,
+                    message="s3: connection refused",
+                    shipped=0,
+                    skipped=0,
                 ),
             ),
         ),

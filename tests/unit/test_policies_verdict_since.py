@@ -13,7 +13,7 @@ import pytest
 
 from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import ANNOTATION_VERDICT, ANNOTATION_VERDICT_SINCE, Verdict
-from trainguard.api.spec import Recovery
+from trainguard.api.spec import Backoff, Recovery
 from trainguard.api.status import Failure as FailureRecord
 from trainguard.operator.k8s.leases import lease_view
 from trainguard.operator.policies import ladder
@@ -67,7 +67,7 @@ def test_the_recorded_start_makes_the_next_cycle_see_the_same_failure() -> None:
     found = detect(status, Observation(1, POD, view, True, T0))
     assert found is not None and found.since == FIRST
     decision = ladder.decide(found.failure, history(status), Recovery())
-    after = record(status, found, decision, 1, 1, T0)
+    after = record(status, found, decision, 1, 1, T0, Backoff())
     # Round trip through the API object, as the next cycle reads it.
     after = TrainingRunStatus.from_object(after.to_object())
     assert detect(after, Observation(1, POD, view, True, T0)) is None

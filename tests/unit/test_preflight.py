@@ -89,6 +89,21 @@ def test_a_healthy_node_passes_with_figures(node: dict[str, Path]) -> None:
     assert (short["gpuUsedMib"], short["gpuTotalMib"]) == (0.0, 143771.0)
 
 
+def test_l1_room_counts_a_pinned_checkpoint_per_upload_with_remote_layers(
+    node: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layers = [{"name": "backup", "uri": "s3://bucket/run"}]
+    monkeypatch.setenv(env.LAYERS, json.dumps(layers))
+
+    code, result = run(node)
+
+    assert code == preflight.ExitCode.OK
+    (space,) = checks(result, preflight.SPACE).values()
+    # data 3 MiB + (keep 2 + 1 + 1 pinned while shipped) x checkpoint 2 MiB + margin 1 MiB
+    assert space["figures"]["need_bytes"] == 12 * MIB
+    assert space["figures"]["remote_layers"] == 1
+
+
 @pytest.mark.parametrize(
     ("fill", "expect_integrity"),
     [(7 * MIB, preflight.SKIPPED), (0, preflight.PASS)],

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -201,6 +202,28 @@ def test_the_lease_signals_reach_the_status_and_stay_without_a_lease() -> None:
     assert api.run()["status"]["verdict"] == "Dead"
 
 
+def test_a_death_is_timed_from_the_agents_verdict_start_to_the_status_write() -> None:
+    api = api_with_run()
+    cycle(api)
+    told: list[tuple[str, float, dict[str, Any] | None]] = []
+
+    def detected(namespace: str, seconds: float) -> None:
+        # What the apiserver holds when the cycle tells: the write was answered.
+        told.append((namespace, seconds, copy.deepcopy(api.run()["status"].get("lastFailure"))))
+
+    settings = replace(SETTINGS, detected=detected)
+    since = datetime.now(UTC) - timedelta(seconds=2)
+    dead = LeaseView(Verdict.DEAD, 120, 100, '{"reason":"gone"}', holder="llm-1", since=since)
+    before = datetime.now(UTC)
+    for _ in range(3):  # the same death seen again is recorded, and timed, once
+        reconcile(api, copy.deepcopy(api.run()), api.views(), settings, False, lease=dead)  # type: ignore[arg-type]
+    after = datetime.now(UTC)
+    [(namespace, seconds, failure)] = told
+    assert namespace == NAMESPACE
+    assert (before - since).total_seconds() <= seconds <= (after - since).total_seconds()
+    assert failure is not None and (failure["cause"], failure["attempt"]) == ("Dead", 1)
+
+
 def test_a_ghost_memory_verdict_taints_excludes_and_moves_to_the_next_attempt() -> None:
     api = api_with_run(recovery={"backoff": {"initialSeconds": 0}})
     api.objects["/api/v1/nodes/gpu-a"] = {"metadata": {"name": "gpu-a", "resourceVersion": "1"}}
@@ -218,6 +241,27 @@ def test_a_ghost_memory_verdict_taints_excludes_and_moves_to_the_next_attempt() 
         {"key": "trainguard.dev/unhealthy", "value": "GhostMemory", "effect": "NoSchedule"}
     ]
     assert "GhostMemory" in [e["reason"] for e in api.events]
+
+
+def test_a_rescheduled_run_shows_no_verdict_until_the_new_attempts_agent_reports() -> None:
+    api = api_with_run(recovery={"backoff": {"initialSeconds": 0}})
+    api.objects["/api/v1/nodes/gpu-a"] = {"metadata": {"name": "gpu-a", "resourceVersion": "1"}}
+    cycle(api)
+    api.objects[f"/api/v1/namespaces/{NAMESPACE}/pods/llm-1"]["spec"]["nodeName"] = "gpu-a"
+    sick = LeaseView(Verdict.GHOST_MEMORY, 120, 100, '{"reason":"held"}', holder="llm-1")
+    reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, False, lease=sick)  # type: ignore[arg-type]
+    # While attempt 1's pod goes, the status still speaks of it.
+    assert api.run()["status"]["verdict"] == "GhostMemory"
+    for _ in range(3):  # attempt 2 created; the Lease still says what attempt 1's agent said
+        reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, False, lease=sick)  # type: ignore[arg-type]
+    status = api.run()["status"]
+    assert [p["metadata"]["name"] for p in api.pods()] == ["llm-2"]
+    assert status["attempt"] == 2 and "verdict" not in status, status.get("verdict")
+    assert status["lastFailure"]["cause"] == "GhostMemory"
+    assert (status["step"], status["checkpointStep"]) == (120, 100)  # the run's progress
+    fresh = LeaseView(Verdict.HEALTHY, 100, 100, holder="llm-2")
+    reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, False, lease=fresh)  # type: ignore[arg-type]
+    assert api.run()["status"]["verdict"] == "Healthy"
 
 
 def test_the_next_attempt_waits_for_the_restart_back_off_and_books_a_cycle() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -26,13 +28,14 @@ from trainguard.initsteps.sources import (
     Source,
     SourceError,
     SourceFile,
-    SourceReader,
     SourceTimeoutError,
     open_source,
     read_chunks,
 )
+from trainguard.layers.fingerprints import Fingerprint
 from trainguard.operator.policies import initsteps
 from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.sources import FlipSource
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -84,49 +87,6 @@ def report(tmp_path: Path) -> dict[str, object]:
 def run_stage(tmp_path: Path, source: Source, dest: Path, retries: int = 3) -> staging.StageResult:
     opts = staging.Options(read_timeout_s=10, retries=retries)
     return staging.stage(source, dest, opts, progress(tmp_path, source.description, dest))
-
-
-class FlipSource:
-    """A source that corrupts one file in transit: one byte flipped on chosen opens."""
-
-    def __init__(self, inner: DirectorySource, path: str, opens: set[int]) -> None:
-        self.inner = inner
-        self.path = path
-        self.opens = opens  # 1-based numbers of the opens of `path` that are corrupted
-        self.count = 0
-
-    @property
-    def description(self) -> str:
-        return self.inner.description
-
-    def list_files(self) -> list[SourceFile]:
-        return self.inner.list_files()
-
-    def read_manifest(self) -> bytes | None:
-        return self.inner.read_manifest()
-
-    def open(self, path: str, offset: int = 0) -> SourceReader:
-        reader = self.inner.open(path, offset)
-        if path != self.path:
-            return reader
-        self.count += 1
-        return _Flipping(reader) if self.count in self.opens else reader
-
-
-class _Flipping:
-    def __init__(self, inner: SourceReader) -> None:
-        self.inner = inner
-        self.flipped = False
-
-    def read(self, size: int) -> bytes:
-        data = self.inner.read(size)
-        if data and not self.flipped:
-            self.flipped = True
-            return bytes([data[0] ^ 0x01]) + data[1:]
-        return data
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 @pytest.fixture(autouse=True)
@@ -252,6 +212,77 @@ def test_a_copy_in_place_without_bookkeeping_is_adopted_and_a_changed_file_recop
 
     assert (again.already_verified, again.copied, again.skipped) == (SHARDS - 1, 1, False)
     assert staged_files(dest) == contents
+
+
+class ServerSource(DirectorySource):
+    """A directory standing in for a server that gives sha256 fingerprints.
+
+    In its listing for valid/, on request for every other train/ shard, none for the rest.
+    """
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.asked: list[str] = []
+
+    def _sha256(self, path: str) -> Fingerprint:
+        return Fingerprint("sha256", hashlib.sha256((self.root / path).read_bytes()).hexdigest())
+
+    def list_files(self) -> list[SourceFile]:
+        return [
+            dataclasses.replace(f, fingerprint=self._sha256(f.path))
+            if f.path.startswith("valid/")
+            else f
+            for f in super().list_files()
+        ]
+
+    def fingerprint(self, file: SourceFile) -> Fingerprint | None:
+        self.asked.append(file.path)
+        index = int(file.path.rsplit("-", 1)[1].split(".")[0])
+        return self._sha256(file.path) if index % 2 == 0 else None
+
+
+def test_the_servers_fingerprints_are_the_reference_and_are_not_asked_for_twice(
+    tmp_path: Path, shards: tuple[Path, dict[str, bytes]]
+) -> None:
+    source_dir, contents = shards
+    source = ServerSource(source_dir)
+    dest = tmp_path / "data"
+
+    result = run_stage(tmp_path, source, dest)
+
+    assert staged_files(dest) == contents
+    manifest = json.loads((dest / CONTROL / staging.STATE_FILENAME).read_text())["manifest"]
+    assert manifest["hash_algorithm"] == staging.PER_FILE
+    algorithms = {e["path"]: Fingerprint.parse(e["hash"]).algorithm for e in manifest["files"]}
+    asked = [p for p in contents if p.startswith("train/")]
+    hashed_here = [p for p in asked if int(p[-9:-4]) % 2]
+    assert sorted(source.asked) == sorted(asked)  # listed ones are never asked for
+    assert {p for p, a in algorithms.items() if a == DEFAULT_ALGORITHM} == set(hashed_here)
+    assert {p for p, a in algorithms.items() if a == "sha256"} == set(contents) - set(hashed_here)
+    # Read once, but the files with no fingerprint: read twice (hashed, then copied).
+    total = sum(map(len, contents.values()))
+    assert result.bytes_transferred == total + sum(len(contents[p]) for p in hashed_here)
+    assert report(tmp_path)["manifest"] == "server"
+
+    # Copies lost, the source unchanged but one file: a new staging asks only about that one.
+    for path in asked[:10]:
+        (dest / path).unlink()
+    changed = asked[1]
+    time.sleep(0.01)
+    (source_dir / changed).write_bytes(b"new" + contents[changed])
+    again = ServerSource(source_dir)
+
+    result = run_stage(tmp_path, again, dest)
+
+    assert again.asked == [changed]
+    assert result.copied == 10
+    assert staged_files(dest) == {**contents, changed: b"new" + contents[changed]}
+
+
+def test_a_per_file_manifest_names_a_usable_algorithm_for_every_file() -> None:
+    entry = {"path": "a.bin", "size": 1, "hash": "crc32:00"}
+    with pytest.raises(ValueError, match="unknown or unavailable hash algorithm 'crc32'"):
+        staging.DataManifest.model_validate({"hash_algorithm": staging.PER_FILE, "files": [entry]})
 
 
 def _cli(tmp_path: Path, *args: str, inject: str | None = None) -> subprocess.Popen[str]:
@@ -392,8 +423,14 @@ def test_staging_fails_cleanly_when_the_local_disk_is_full(
 
 
 def test_source_errors_are_clear(tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match="s3:// data sources are not supported yet"):
-        open_source("s3://bucket/shards")
+    with pytest.raises(SourceError, match="gs:// data sources are not supported"):
+        open_source("gs://bucket/shards")
+    with pytest.raises(SourceError, match="the data source: the Secret has no ssh-privatekey"):
+        open_source("ssh://host.example/shards", credentials_dir=tmp_path)
+    with pytest.raises(SourceError, match="hf:// data source is a dataset repository"):
+        open_source("hf://acme/model", environ={})
+    with pytest.raises(SourceError, match=r"credentials directory .*missing is not mounted"):
+        open_source("s3://bucket/shards", credentials_dir=tmp_path / "missing")
     assert isinstance(open_source(f"file://{tmp_path}"), DirectorySource)
 
     run = _cli(tmp_path, "--source", str(tmp_path / "missing"), "--dest", str(tmp_path / "d"))

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from trainguard.api import Condition, TrainingRunStatus
-from trainguard.api.constants import CheckResult, ConditionStatus, Phase, StagingPhase
-from trainguard.api.status import Preflight, Staging
+from trainguard.api.constants import CheckResult, ConditionStatus, Phase, StagingPhase, Verdict
+from trainguard.api.status import LayerCheckpoint, Preflight, Staging
 from trainguard.operator.conditions import (
     MAX_EVENT_BYTES,
     EventSpec,
@@ -129,6 +129,32 @@ def test_advance_keeps_fields_it_does_not_own() -> None:
     old = TrainingRunStatus(step=1200, checkpoint_step=1150)
     new = advance(old, TRAINING, Observed(1, "n"), 1, T0)
     assert (new.step, new.checkpoint_step) == (1200, 1150)
+
+
+def test_a_new_attempt_starts_without_the_previous_attempts_verdict() -> None:
+    backup = LayerCheckpoint(layer="backup", step=1100, verified=True)
+    old = TrainingRunStatus(
+        attempt=1,
+        verdict=Verdict.GHOST_MEMORY,
+        step=1200,
+        checkpoint_step=1150,
+        checkpoints=[backup],
+    )
+    scheduling = RunState("Scheduling", "created pod llm-2 (attempt 2)", progressing=True)
+    moved = advance(old, scheduling, Observed(attempt=2), 1, T0)
+    assert moved.verdict is None
+    assert "verdict" not in moved.to_object()
+    # The run's progress is not the pod's: it carries over to the new attempt.
+    assert (moved.step, moved.checkpoint_step, moved.checkpoints) == (1200, 1150, [backup])
+    # Until the new agent renews the Lease, cycles of the new attempt keep no verdict.
+    assert advance(moved, scheduling, Observed(attempt=2), 1, T1).verdict is None
+    renewed = advance(moved, TRAINING, Observed(attempt=2, verdict=Verdict.HEALTHY), 1, T1)
+    assert renewed.verdict is Verdict.HEALTHY
+
+
+def test_the_verdict_stays_within_an_attempt_between_renewals() -> None:
+    old = TrainingRunStatus(attempt=2, verdict=Verdict.SLOW)
+    assert advance(old, TRAINING, Observed(attempt=2), 1, T0).verdict is Verdict.SLOW
 
 
 def test_events_follow_changes_of_the_states_reason() -> None:

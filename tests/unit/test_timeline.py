@@ -89,6 +89,24 @@ def test_exclusion_and_restore_from_the_remote_layer(
     assert checkpoints.splitlines()[3].split()[:3] == ["backup", "116", "yes"]
 
 
+def test_a_layers_shipping_counts_and_failure_are_shown(
+    run: dict[str, Any], events: list[dict[str, Any]]
+) -> None:
+    (backup,) = [c for c in run["status"]["checkpoints"] if c["layer"] == "backup"]
+    backup["shipping"] = {
+        "state": "Failed",
+        "step": 120,
+        "shipped": 3,
+        "skipped": 2,
+        "message": "backup: copy of step 120: No space left on device",
+    }
+    rows = _section(render(run, events), "Checkpoints").splitlines()
+    (row,) = [r for r in rows if r.split()[0] == "backup"]
+    assert row.endswith(
+        "Failed step 120 (3 shipped, 2 skipped): backup: copy of step 120: No space left on device"
+    )
+
+
 def test_timeline_marks_warnings_and_names_the_agent(
     run: dict[str, Any], events: list[dict[str, Any]]
 ) -> None:

@@ -3,23 +3,34 @@
 The command runs in its own session (`setsid`), detached from whoever launched the supervisor,
 so the whole training process group can be signalled and cleaned up as one. When it dies
 (non-zero exit or a signal), the supervisor kills whatever is left of its process group
-(dataloader workers and other children that would keep GPU memory), waits a backoff that
-doubles each time, and starts it again, up to `--max-restarts` times (defaults: the run's
-`spec.recovery` from `TRAINGUARD_RECOVERY`); then it gives up and
-exits non-zero. SIGTERM and SIGINT are forwarded to the process group and end supervision;
-after `--grace-period` seconds the group is killed. A child that exits 0 ends supervision
-with 0.
+(dataloader workers and other children that would keep GPU memory), waits a backoff, and
+starts it again (defaults: the run's `spec.recovery` from `TRAINGUARD_RECOVERY`):
+
+- the backoff doubles with each restart from `--backoff` up to `--backoff-max`, and starts
+  over at `--backoff` after a process that ran `--backoff-reset` seconds before it died (the
+  kubelet's rule for a crash loop);
+- it gives up, exiting non-zero, on the death that would make `--max-restarts` + 1 restarts
+  in a row without progress. Progress is a checkpoint in L1 (`TRAINGUARD_L1_DIR`) whose
+  manifest verifies, newer than the newest one at the previous death: a death after progress
+  counts as the first again, so a trainer that keeps saving keeps being restarted.
+
+SIGTERM and SIGINT are forwarded to the process group and end supervision; after
+`--grace-period` seconds the group is killed. A child that exits 0 ends supervision with 0.
 
 Everything is recorded in a JSON state file next to the heartbeat (`supervisor.json`)::
 
     {"pid": 10, "command": ["python", "-m", "trainguard_harness.train"], "state": "backoff",
      "child_pid": null, "attempt": 2, "restarts": 1, "max_restarts": 3,
+     "restarts_without_progress": 1, "backoff_restarts": 1, "checkpoint_step": 1200,
      "started_at": 1764720000.0, "updated_at": 1764720042.3,
      "history": [{"attempt": 1, "pid": 11, "started_at": 1764720000.1,
                   "ended_at": 1764720041.2, "exit_code": null, "signal": "SIGKILL",
                   "reason": "killed by SIGKILL", "leftover_processes": 2}]}
 
-`state` is one of running, backoff, stopping, completed, gave-up, terminated.
+`state` is one of running, backoff, stopping, completed, gave-up, terminated. `restarts`
+counts every restart; `restarts_without_progress` those since progress (bounded by
+`max_restarts`), `backoff_restarts` those since the backoff last started over, and
+`checkpoint_step` is the newest verified L1 checkpoint at the last death.
 
 It also answers the pod agent's kill requests (`kill-request.json` next to the state file):
 the agent watches from another container, as another user, and may not signal the trainer.
@@ -47,6 +58,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from trainguard.api.spec import DEFAULT_BACKOFF_RESET_AFTER_SECONDS
+from trainguard.ckpt import find_newest_valid
 from trainguard.contract import env
 from trainguard.contract.env import ContractError, PodEnv
 from trainguard.contract.files import (
@@ -72,6 +85,9 @@ EXIT_USAGE = 2
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_BACKOFF_S = 1.0
 DEFAULT_BACKOFF_MAX_S = 30.0
+DEFAULT_BACKOFF_RESET_S = float(DEFAULT_BACKOFF_RESET_AFTER_SECONDS)
+# 2^62 outlasts any cap: a larger exponent would only overflow the float.
+MAX_EXPONENT = 62
 # How long a hung trainer gets to write its stacks after SIGUSR1 before it is killed.
 STACK_WAIT_S = 3.0
 
@@ -89,6 +105,10 @@ class Attempt:
     reason: str | None = None
     leftover_processes: int = 0
 
+    def ran(self) -> float:
+        """Seconds the process ran (so far, while it runs)."""
+        return (self.ended_at or time.time()) - self.started_at
+
 
 @dataclass
 class SupervisorState:
@@ -101,6 +121,9 @@ class SupervisorState:
     child_pid: int | None = None
     attempt: int = 0
     restarts: int = 0
+    restarts_without_progress: int = 0
+    backoff_restarts: int = 0
+    checkpoint_step: int | None = None  # the newest verified L1 checkpoint at the last death
     started_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     history: list[Attempt] = field(default_factory=list)
@@ -155,6 +178,16 @@ def _size(path: Path | None) -> int:
         return 0
 
 
+def newest_checkpoint(l1_dir: Path) -> int | None:
+    """Step of the newest L1 checkpoint whose manifest and file sizes verify, or None.
+
+    Sizes only: the writer read every file back and hashed it when it saved, and a restart
+    must not wait for a full read of the checkpoint (the trainer's resume does that).
+    """
+    newest = find_newest_valid(l1_dir, check_hashes=False).newest
+    return None if newest is None else newest.step
+
+
 def kill_group(pgid: int, sig: signal.Signals = signal.SIGKILL) -> None:
     """Signal a whole process group, ignoring one that is already gone."""
     with contextlib.suppress(ProcessLookupError):
@@ -172,6 +205,8 @@ class Supervisor:
         max_restarts: int,
         backoff: float,
         backoff_max: float,
+        backoff_reset: float,
+        l1_dir: Path,
         grace_period: float,
         stacks_file: Callable[[int], Path] | None = None,
     ) -> None:
@@ -181,6 +216,8 @@ class Supervisor:
         self.stacks_file = stacks_file
         self._answered: float | None = None  # the requested_at of the last request answered
         self.backoff, self.backoff_max = backoff, backoff_max
+        self.backoff_reset = backoff_reset
+        self.l1_dir = l1_dir
         self.grace_period = grace_period
         self.state = SupervisorState(os.getpid(), command, max_restarts)
         self.child: subprocess.Popen[bytes] | None = None
@@ -276,19 +313,32 @@ class Supervisor:
             if returncode == 0:
                 self._set(STATE_COMPLETED, child_pid=None)
                 return 0
-            if self.state.restarts >= self.state.max_restarts:
-                self._set(STATE_GAVE_UP, child_pid=None)
+            newest = newest_checkpoint(self.l1_dir)
+            last = self.state.checkpoint_step
+            progressed = newest is not None and (last is None or newest > last)
+            counted = 0 if progressed else self.state.restarts_without_progress
+            if counted >= self.state.max_restarts:
+                self._set(STATE_GAVE_UP, child_pid=None, checkpoint_step=newest)
                 return exit_status(returncode)
-            delay = min(self.backoff_max, self.backoff * 2**self.state.restarts)
-            self._set(STATE_BACKOFF, child_pid=None, restarts=self.state.restarts + 1)
+            ran = self.state.history[-1].ran()
+            streak = 0 if ran >= self.backoff_reset else self.state.backoff_restarts
+            delay = min(self.backoff_max, self.backoff * 2 ** min(streak, MAX_EXPONENT))
+            self._set(
+                STATE_BACKOFF,
+                child_pid=None,
+                restarts=self.state.restarts + 1,
+                restarts_without_progress=counted + 1,
+                backoff_restarts=streak + 1,
+                checkpoint_step=newest,
+            )
             self._wake.wait(delay)  # a forwarded signal cuts the backoff short
             if self.terminating is not None:
                 self._set(STATE_TERMINATED)
                 return 128 + self.terminating
 
 
-def recovery_defaults(environ: dict[str, str]) -> tuple[int, float, float]:
-    """(max restarts, first delay, longest delay) from the run's `spec.recovery` in the env.
+def recovery_defaults(environ: dict[str, str]) -> tuple[int, float, float, float]:
+    """(max restarts, first delay, longest delay, reset after) from the run's `spec.recovery`.
 
     The operator passes `spec.recovery` as JSON (`TRAINGUARD_RECOVERY`), so the restarts made
     in place wait the run's back-off, the same delays the operator keeps between attempts.
@@ -296,16 +346,26 @@ def recovery_defaults(environ: dict[str, str]) -> tuple[int, float, float]:
     """
     pod = PodEnv.from_env(environ)
     if "recovery" not in pod.model_fields_set:
-        return DEFAULT_MAX_RESTARTS, DEFAULT_BACKOFF_S, DEFAULT_BACKOFF_MAX_S
+        return (
+            DEFAULT_MAX_RESTARTS,
+            DEFAULT_BACKOFF_S,
+            DEFAULT_BACKOFF_MAX_S,
+            DEFAULT_BACKOFF_RESET_S,
+        )
     recovery = pod.recovery
     backoff = recovery.backoff
-    return recovery.max_restarts, float(backoff.initial_seconds), float(backoff.max_seconds)
+    return (
+        recovery.max_restarts,
+        float(backoff.initial_seconds),
+        float(backoff.max_seconds),
+        float(backoff.reset_after_seconds),
+    )
 
 
 def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argparse.Namespace:
     """The command line: options, `--`, then the command (defaults from `TRAINGUARD_RECOVERY`)."""
     try:
-        max_restarts, backoff, backoff_max = recovery_defaults(
+        max_restarts, backoff, backoff_max, backoff_reset = recovery_defaults(
             dict(os.environ) if environ is None else environ
         )
     except ContractError as err:  # it names the variable and its value
@@ -317,10 +377,19 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argpar
         usage="%(prog)s [options] -- command [args...]",
     )
     parser.add_argument(
-        "--max-restarts", type=int, default=max_restarts, help="restarts before giving up"
+        "--max-restarts",
+        type=int,
+        default=max_restarts,
+        help="restarts in a row without a newer verified L1 checkpoint before giving up",
     )
     parser.add_argument("--backoff", type=float, default=backoff, help="first restart delay (s)")
     parser.add_argument("--backoff-max", type=float, default=backoff_max, help="longest delay (s)")
+    parser.add_argument(
+        "--backoff-reset",
+        type=float,
+        default=backoff_reset,
+        help="a process that ran this long (s) before it died starts the delay over",
+    )
     parser.add_argument(
         "--grace-period",
         type=float,
@@ -345,8 +414,8 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argpar
         args.command = args.command[1:]
     if not args.command:
         parser.error("no command given (put it after --)")
-    if args.max_restarts < 0 or args.backoff < 0 or args.backoff_max < 0:
-        parser.error("--max-restarts, --backoff and --backoff-max must be >= 0")
+    if min(args.max_restarts, args.backoff, args.backoff_max, args.backoff_reset) < 0:
+        parser.error("--max-restarts, --backoff, --backoff-max and --backoff-reset must be >= 0")
     return args
 
 
@@ -365,6 +434,8 @@ def main(argv: list[str]) -> int:
         max_restarts=args.max_restarts,
         backoff=args.backoff,
         backoff_max=args.backoff_max,
+        backoff_reset=args.backoff_reset,
+        l1_dir=settings.l1_dir,
         grace_period=args.grace_period,
         stacks_file=settings.stacks_file,
     )

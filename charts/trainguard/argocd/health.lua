@@ -11,7 +11,7 @@
 --   Ready=True                                                    -> Healthy
 --   Progressing=True                                              -> Progressing
 --   Progressing=False (the operator says the run is stuck)        -> Degraded
---   no status or no verdict yet                                   -> Progressing
+--   no status or no condition yet                                 -> Progressing
 -- The message is the deciding condition's "<reason>: <message>".
 --
 -- Argo CD runs scripts from argocd-cm with only the base, table and package libraries open:

@@ -45,7 +45,7 @@ from trainguard.layers.lineage import Lineage, Origin
 ANNOTATION_LAYERS = constants.ANNOTATION_LAYERS
 ANNOTATION_RESTORED = constants.ANNOTATION_RESTORED
 ANNOTATION_LIMIT = 1000  # bytes of evidence JSON; all annotations stay well under 1 KiB
-# The per-layer report: up to 8 layers with 63-character names fit whole (state, steps) in it.
+# The per-layer report: up to 8 layers with 63-character names fit (state, steps, counts) in it.
 LAYERS_ANNOTATION_LIMIT = 2000
 MAX_BACKOFF_S = 30.0
 KILL_RETRY_S = 30.0  # a hung trainer that could not be killed is tried again after this
@@ -74,7 +74,7 @@ def layers_report(states: dict[str, dict[str, Any]]) -> tuple[str, dict[str, dic
     """The shipper's per-layer states as the Lease's JSON, and the states it holds.
 
     Bounded by construction, never cut mid-JSON: over the limit, error messages are shortened
-    and then dropped, then the byte counts; the state and steps of every layer always stay.
+    and then dropped, then the byte counts; every layer's state, steps and counts always stay.
     """
     layers = {
         name: {k: v for k, v in state.items() if v is not None and k != "at"}

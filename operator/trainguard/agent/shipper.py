@@ -3,11 +3,21 @@
 `Shipper` runs in the agent: it never touches the training process, checks each new L1
 checkpoint once (sizes and hashes), ships it to every layer whose cadence allows, verifies the
 remote copy, applies the layer's keep-N and records per-layer state (pending, uploading with
-bytes done of total, verified, failed with the error) for the Lease and the run's status.
-Layers upload in parallel, at most `max_concurrent` at once, and all together stay under an
-optional bandwidth cap (bytes per second, shared, so the node's uplink is left to training's
-own traffic). `flush` ships the newest checkpoint now, with a bounded wait, before a deliberate
-pod deletion.
+bytes done of total, verified, failed with the step and the error, and how many checkpoints
+it shipped to the layer and skipped) for the Lease and the run's status. Layers upload in
+parallel, at most `max_concurrent` at once, and all together stay under an optional bandwidth
+cap (bytes per second, shared, so the node's uplink is left to training's own traffic). `flush`
+ships the newest checkpoint now, with a bounded wait, before a deliberate pod deletion.
+
+Each layer ships on its own: a layer still uploading (or waiting to retry after a failure) is
+left to it while the others ship newer checkpoints, and when it is free again it ships the
+newest verified checkpoint, not the ones that came meanwhile; those its cadence would have
+shipped are counted in its `skipped`. An upload reads from a pinned copy of its checkpoint
+(`trainguard.ckpt.pin`: hard links in a hidden directory of L1, shared by the layers shipping
+the same step), so the trainer's keep-last-N may remove the checkpoint while it is uploaded;
+the pod's disk sizing has room for one pinned checkpoint per concurrent upload, so
+`max_concurrent` defaults to `trainguard.ckpt.MAX_PINNED`. Pins left by an earlier agent of the
+pod are removed when a shipper is made.
 
 In a pod, keep-N works within the run's lineage (`trainguard.layers.lineage`) and counts only
 the checkpoints the agent has reported to the operator (`acknowledge`, after each Lease renewal
@@ -23,14 +33,22 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from trainguard.ckpt import scan, verify
-from trainguard.layers import Layer, LayerError
+from trainguard.ckpt import (
+    MAX_PINNED,
+    CheckpointInvalidError,
+    pin_checkpoint,
+    remove_pins,
+    scan,
+    unpin_checkpoint,
+    verify,
+)
+from trainguard.layers import Layer, LayerConfig, LayerError
 from trainguard.layers.lineage import Lineage
 
 PENDING = "pending"
@@ -38,7 +56,10 @@ UPLOADING = "uploading"
 VERIFIED = "verified"
 FAILED = "failed"
 MAX_RETRY_S = 60.0
-DEFAULT_MAX_CONCURRENT = 2
+# One pinned checkpoint per upload at most: the pod's disk sizing has room for this many.
+DEFAULT_MAX_CONCURRENT = MAX_PINNED
+# Checkpoints remembered as they appeared in L1 (to count what a busy layer skipped).
+MAX_ARRIVALS = 1024
 # A burst of this many seconds of the cap may go out at once; one upload chunk (a few MiB)
 # must fit in it, or every chunk would wait.
 BURST_S = 1.0
@@ -54,11 +75,26 @@ class LayerState:
 
     state: str = PENDING
     step: int | None = None  # newest step verified on the layer
-    uploading: int | None = None
+    uploading: int | None = None  # step of the upload in progress, or of the one that failed
     bytes_done: int = 0  # of the upload in progress (or the last one)
     bytes_total: int = 0
     error: str | None = None
     at: float = 0.0
+    shipped: int = 0  # checkpoints this shipper put on the layer and verified there
+    # Checkpoints the layer never got because a newer one superseded them before it could
+    # start them (busy with an older upload, or waiting to retry), as its cadence would have
+    # shipped them.
+    skipped: int = 0
+
+
+def cadence_allows(
+    config: LayerConfig, step: int, at: float, last_step: int | None, last_at: float | None
+) -> bool:
+    """Whether a layer's cadence ships `step` (at monotonic time `at`) after `last_step`."""
+    if config.every_steps and last_step is not None and step - last_step < config.every_steps:
+        return False
+    seconds = config.every_seconds
+    return not (seconds and last_at is not None and at - last_at < seconds)
 
 
 class RateLimiter:
@@ -132,10 +168,23 @@ class Shipper(threading.Thread):
         self._states = {layer.config.name: LayerState() for layer in layers}
         self._verified: set[int] = set()
         self._invalid: set[int] = set()
+        self._scan_lock = threading.Lock()  # one L1 scan (and hash check) at a time
+        # New checkpoints as they appeared in L1 (step, monotonic time), oldest first.
+        self._arrivals: list[tuple[int, float]] = []
+        self._last_upload: dict[str, tuple[int, float]] = {}  # layer -> step, time it began
+        self._busy: set[str] = set()  # layers with an upload claimed (waiting or running)
+        self._slots = threading.BoundedSemaphore(self.max_concurrent)
+        self._pin_lock = threading.Lock()
+        self._pins: dict[int, tuple[Path, int]] = {}  # step -> its pinned copy, uploads using it
         self._shipped_at: dict[str, float] = {}
         self._retry_at: dict[str, float] = {}
         self._stopping = threading.Event()
         self._wake = threading.Event()
+        # Only this pod's shipper pins in its L1: a pin there now is an earlier agent's leftover.
+        try:
+            remove_pins(l1)
+        except OSError as err:  # it costs disk space only; shipping goes on
+            print(f"trainguard-shipper: stale pins: {err!r}", file=sys.stderr, flush=True)
 
     def states(self) -> dict[str, dict[str, Any]]:
         """A copy of every layer's state (for the Lease and status)."""
@@ -160,59 +209,177 @@ class Shipper(threading.Thread):
 
     def newest_verified(self) -> int | None:
         """Newest L1 step that verified (each checkpoint is hashed once)."""
-        for step, path in sorted(self._l1_dirs(), reverse=True):
-            if step in self._verified:
-                return step
-            if step in self._invalid:
-                continue
-            if verify(path).ok:
-                self._verified.add(step)
-                return step
-            self._invalid.add(step)
-        return None
+        newest = self._newest_verified()
+        return None if newest is None else newest[0]
+
+    def _newest_verified(self) -> tuple[int, Path] | None:
+        with self._scan_lock:
+            found = sorted(self._l1_dirs(), reverse=True)
+            self._arrived((step for step, _ in found), time.monotonic())
+            for step, path in found:
+                if step in self._verified:
+                    return step, path
+                if step in self._invalid:
+                    continue
+                if verify(path).ok:
+                    self._verified.add(step)
+                    return step, path
+                self._invalid.add(step)
+            return None
 
     def _l1_dirs(self) -> list[tuple[int, Path]]:
         result = scan(self.l1, check_hashes=False)
         return [(v.step, v.path) for v in result.valid if v.step is not None]
 
+    def _arrived(self, steps: Iterable[int], now: float) -> None:
+        """Remember the checkpoints newer than every one seen before (at first: the newest)."""
+        with self._lock:
+            last = self._arrivals[-1][0] if self._arrivals else None
+            new = sorted(step for step in steps if last is None or step > last)
+            # What L1 held before the first look predates this shipper: nothing skipped it.
+            self._arrivals.extend((step, now) for step in (new if last is not None else new[-1:]))
+            del self._arrivals[:-MAX_ARRIVALS]
+
+    def _superseded(self, config: LayerConfig, step: int) -> int:
+        """How many checkpoints `step` supersedes for the layer (the caller holds the lock).
+
+        Those older than `step` that appeared since its last upload began and that its cadence
+        would have shipped had it been free.
+        """
+        last_step, last_at = self._last_upload.get(config.name, (None, None))
+        count = 0
+        for arrived, at in self._arrivals:
+            if arrived >= step:
+                break
+            if (last_step is not None and arrived <= last_step) or arrived in self._invalid:
+                continue
+            if cadence_allows(config, arrived, at, last_step, last_at):
+                count += 1
+                last_step, last_at = arrived, at
+        return count
+
     def ship_once(self, force: bool = False) -> None:
-        """Ship the newest verified checkpoint wherever the cadence allows (or `force`)."""
-        step = self.newest_verified()
-        if step is None:
-            return
-        path = dict(self._l1_dirs()).get(step)
-        if path is None:
-            return
-        now = time.monotonic()
-        due = []
-        for layer in self.layers:
-            with self._lock:
-                state = self._states[layer.config.name]
-                if state.step is not None and state.step >= step:
-                    continue
-            if force or self._due(layer, step, now):
-                due.append(layer)
-        if len(due) == 1:
-            self._ship(due[0], step, path, now)
-        elif due:
-            with ThreadPoolExecutor(min(self.max_concurrent, len(due))) as pool:
-                for _ in pool.map(lambda layer: self._ship(layer, step, path, now), due):
+        """Ship the newest verified checkpoint wherever the cadence allows (or `force`); wait.
+
+        A layer still busy with an earlier upload (started by `run`) is left to it.
+        """
+        claimed = self._claim(force)
+        if len(claimed) == 1:
+            self._ship_claimed(claimed[0])
+        elif claimed:
+            with ThreadPoolExecutor(min(self.max_concurrent, len(claimed))) as pool:
+                for _ in pool.map(self._ship_claimed, claimed):
                     pass
 
-    def _ship(self, layer: Layer, step: int, path: Path, now: float) -> None:
-        """Put one checkpoint on one layer and apply its keep-N; record the outcome."""
-        name = layer.config.name
-        self._set(name, state=UPLOADING, uploading=step, error=None)
+    def _claim(self, force: bool) -> list[Layer]:
+        """The layers due for the newest verified checkpoint now, each marked busy."""
+        step = self.newest_verified()
+        if step is None:
+            return []
+        now = time.monotonic()
+        claimed = []
+        for layer in self.layers:
+            name = layer.config.name
+            if not force and not self._due(layer, step, now):
+                continue
+            with self._lock:
+                shipped = self._states[name].step
+                if name in self._busy or (shipped is not None and shipped >= step):
+                    continue
+                self._busy.add(name)
+            claimed.append(layer)
+        return claimed
+
+    def _ship_claimed(self, layer: Layer, background: bool = False) -> None:
+        """Ship to a claimed layer once an upload slot is free, then release the claim.
+
+        The checkpoint is chosen when the slot is free: a layer that waited ships the newest.
+        In the background (`run`), an upload not started before `stop` is dropped, and an
+        unexpected error is logged (it would otherwise vanish with the worker's future).
+        """
         try:
-            layer.put(path, _Progress(self, name))
+            with self._slots:
+                if background and self._stopping.is_set():
+                    return
+                newest = self._newest_verified()
+                if newest is not None:
+                    self._ship(layer, *newest)
+        except Exception as err:
+            if not background:
+                raise
+            print(f"trainguard-shipper: {layer.config.name}: {err!r}", file=sys.stderr, flush=True)
+        finally:
+            with self._lock:
+                self._busy.discard(layer.config.name)
+            self._wake.set()  # the layer is free: look for a newer checkpoint at once
+
+    def _ship(self, layer: Layer, step: int, path: Path) -> None:
+        """Put one checkpoint on one layer and apply its keep-N; record the outcome.
+
+        The upload reads a pinned copy, which keep-last-N in L1 cannot remove under it.
+        """
+        name = layer.config.name
+        with self._lock:
+            shipped = self._states[name].step
+        if shipped is not None and shipped >= step:
+            return
+        now = time.monotonic()
+        try:
+            pinned = self._pin(step, path)
+        except (OSError, CheckpointInvalidError) as err:
+            if not path.exists():
+                return  # removed by keep-last-N since the scan: a newer one is there to ship
+            self._failed(name, step, now, f"{name}: pin of step {step}: {err}")
+            return
+        self._begin(layer.config, step, now)
+        try:
+            try:
+                layer.put(pinned, _Progress(self, name))
+            finally:
+                self._unpin(step)
             layer.prune(layer.config.keep, self._lineage(layer))
         except (LayerError, OSError) as err:
-            delay = min(MAX_RETRY_S, 2 * max(1.0, now - self._retry_at.get(name, now)))
-            self._retry_at[name] = now + delay
-            self._set(name, state=FAILED, uploading=None, error=str(err)[:200])
+            self._failed(name, step, now, str(err))
             return
         self._shipped_at[name] = now
-        self._set(name, state=VERIFIED, step=step, uploading=None, error=None)
+        with self._lock:
+            shipped = self._states[name].shipped + 1
+        self._set(name, state=VERIFIED, step=step, uploading=None, error=None, shipped=shipped)
+
+    def _begin(self, config: LayerConfig, step: int, now: float) -> None:
+        """An upload of `step` starts: count the checkpoints it supersedes for the layer."""
+        with self._lock:
+            state = self._states[config.name]
+            state.skipped += self._superseded(config, step)
+            self._last_upload[config.name] = (step, now)
+            state.state, state.uploading, state.error = UPLOADING, step, None
+            state.at = time.time()
+
+    def _failed(self, name: str, step: int, now: float, error: str) -> None:
+        """The upload of `step` failed: keep the step and the error, retry later."""
+        delay = min(MAX_RETRY_S, 2 * max(1.0, now - self._retry_at.get(name, now)))
+        self._retry_at[name] = now + delay
+        self._set(name, state=FAILED, uploading=step, error=error[:200])
+
+    def _pin(self, step: int, path: Path) -> Path:
+        """The pinned copy of checkpoint `step`: one per step, shared by its uploads."""
+        with self._pin_lock:
+            held = self._pins.get(step)
+            pinned, users = held if held is not None else (pin_checkpoint(path), 0)
+            self._pins[step] = (pinned, users + 1)
+            return pinned
+
+    def _unpin(self, step: int) -> None:
+        """One upload of `step` is done with its pin; the last one removes it."""
+        with self._pin_lock:
+            pinned, users = self._pins.pop(step)
+            if users > 1:
+                self._pins[step] = (pinned, users - 1)
+                return
+        try:
+            unpin_checkpoint(pinned)
+        except OSError as err:  # left for the next agent of the pod, which removes it
+            print(f"trainguard-shipper: {err!r}", file=sys.stderr, flush=True)
 
     def _due(self, layer: Layer, step: int, now: float) -> bool:
         name = layer.config.name
@@ -220,11 +387,7 @@ class Shipper(threading.Thread):
             return False
         with self._lock:
             last = self._states[name].step
-        cfg = layer.config
-        if cfg.every_steps and last is not None and step - last < cfg.every_steps:
-            return False
-        shipped = self._shipped_at.get(name)
-        return not (cfg.every_seconds and shipped is not None and now - shipped < cfg.every_seconds)
+        return cadence_allows(layer.config, step, now, last, self._shipped_at.get(name))
 
     def _set(self, name: str, **changes: Any) -> None:
         with self._lock:
@@ -248,16 +411,25 @@ class Shipper(threading.Thread):
         return False
 
     def run(self) -> None:
-        """Poll L1 and ship until stopped; errors are recorded, never fatal."""
+        """Poll L1 and start uploads until stopped; errors are recorded, never fatal.
+
+        A layer's upload runs in a worker of its own, so the loop goes on starting uploads to
+        the layers that are free. Stopping waits for the uploads in progress.
+        """
         with contextlib.suppress(OSError):  # lowering one's own priority needs no privilege
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SHIPPER_NICE)
-        while not self._stopping.is_set():
-            try:
-                self.ship_once()
-            except Exception as err:  # keep the shipper alive; the state says what failed
-                print(f"trainguard-shipper: {err!r}", file=sys.stderr, flush=True)
-            self._wake.wait(self.poll_s)
-            self._wake.clear()
+        # One worker per layer (a layer has one upload at a time); the slots bound how many
+        # upload at once. Workers are started from this thread, so they inherit its priority.
+        workers = max(1, len(self.layers))
+        with ThreadPoolExecutor(workers, thread_name_prefix="trainguard-upload") as pool:
+            while not self._stopping.is_set():
+                try:
+                    for layer in self._claim(force=False):
+                        pool.submit(self._ship_claimed, layer, True)
+                except Exception as err:  # keep the shipper alive; the state says what failed
+                    print(f"trainguard-shipper: {err!r}", file=sys.stderr, flush=True)
+                self._wake.wait(self.poll_s)
+                self._wake.clear()
 
     def stop(self) -> None:
         """Stop the loop."""

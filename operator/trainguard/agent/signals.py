@@ -1,5 +1,18 @@
 """Collect the agent's signals: the trainer process, its heartbeat, checkpoints, GPU, log.
 
+The trainer is the process the supervisor runs (`supervisor.json`), watched from its start:
+presence needs no heartbeat, so a script without the harness is watched too. The harness
+heartbeat adds the step, phase, rate and framework memory, and names the trainer where no
+supervisor runs one or where it is a process of its own below the supervisor's (a launcher's
+worker). Only the heartbeat of the process watched counts: one an earlier trainer left in the
+file says nothing about its successor.
+
+After a death, a script without the heartbeat is followed to the process the supervisor
+restarts. A trainer that wrote heartbeats is followed to its successor's first heartbeat
+instead: its `Dead` lasts through the successor's start-up (imports, restore), not only
+through the supervisor's back-off, so an operator that is away for a few seconds (it counts
+deaths from the verdicts on the Lease) still finds it.
+
 Each collector reads one source and keeps just enough memory across calls to turn states into
 durations (how long the step has been frozen, how long ago the process died, how long it has
 been in uninterruptible I/O). Times are monotonic seconds from the caller, so the collectors
@@ -16,8 +29,10 @@ from typing import Any
 from trainguard import gpu
 from trainguard.agent.verdicts import Signals
 from trainguard.ckpt import MANIFEST_FILENAME, parse_step_dirname
-from trainguard.contract.files import read_json
+from trainguard.contract.files import read_json, read_supervised_child
 
+# /proc states of a process that is gone: no entry, or a zombie waiting to be reaped.
+GONE = (None, "Z")
 # Phases of the harness's heartbeat during which a frozen step is expected.
 PROGRESS_PHASES = ("loading",)
 MIB = 1024 * 1024
@@ -171,13 +186,15 @@ class Collector:
     gpu_stale_s: float = 5.0
     # GPU memory at or below this counts as released (the classifier's `released_mib`).
     released_mib: float = 512.0
-    # The supervisor's state file: says when it has restarted the trainer, before the new
-    # process's first heartbeat.
+    # The supervisor's state file: the process it runs, from the start of each, before any
+    # heartbeat and for scripts that never write one.
     supervisor_file: Path | None = None
     proc: Path = Path("/proc")
 
     def __post_init__(self) -> None:
-        self.pid: int | None = None
+        self.pid: int | None = None  # the trainer watched
+        self.beats = False  # whether it has written a heartbeat
+        self.beat_pid: int | None = None  # the process that wrote the last heartbeat read
         self.died_at: float | None = None
         # The last death whose memory has not been seen released yet (kept across restarts).
         self.unreleased_death_at: float | None = None
@@ -192,12 +209,13 @@ class Collector:
     def collect(self, now: float, wall_now: float) -> Signals:
         """Observe every source once."""
         beat = read_heartbeat(self.heartbeat_file)
+        supervisor = self.supervisor_file
+        child = None if supervisor is None else read_supervised_child(supervisor)
+        self._follow(beat, child, now)
+        # The heartbeat of the process watched; None: no heartbeat (yet, or ever) from it.
+        beat = beat if beat is not None and beat.pid == self.pid else None
+        self.beats = self.beats or beat is not None
         self.last_heartbeat = beat
-        if beat is not None and beat.pid != self.pid:
-            # A new trainer process (first start or an in-place restart by the supervisor).
-            self.pid, self.died_at, self.d_since = beat.pid, None, None
-            self.pid_seen_at = now
-            self.step_changed_at = now
         state = proc_state(self.pid, self.proc) if self.pid is not None else None
         alive = state is not None and state != "Z"
         if self.pid is not None and not alive and self.died_at is None:
@@ -215,16 +233,20 @@ class Collector:
             and snapshot.available
             and wall_now - snapshot.time <= self.gpu_stale_s
         )
-        running = alive or self._restarted()
+        # A successor not watched yet (no heartbeat so far) runs too: its memory is its own.
+        running = alive or (
+            child is not None and child != self.pid and proc_state(child, self.proc) not in GONE
+        )
         held_s, left = self._held_since_death(now, running, snapshot if self.gpu_fresh else None)
         return Signals(
             trainer_seen=self.pid is not None,
+            heartbeat=beat is not None,
             process_alive=alive,
             process_state=state,
             process_count=count_like(self.pid, self.marker, self.proc) if alive and self.pid else 0,
             seconds_since_death=None if self.died_at is None else now - self.died_at,
             seconds_in_d_state=0.0 if self.d_since is None else now - self.d_since,
-            step=self.step,
+            step=self.step if beat is not None else None,
             seconds_since_step_advanced=0.0
             if self.step_changed_at is None
             else now - self.step_changed_at,
@@ -240,15 +262,37 @@ class Collector:
             memory_left_mib=left,
         )
 
-    def _restarted(self) -> bool:
-        """Whether the supervisor runs a trainer other than the one last seen (no heartbeat yet)."""
-        if self.supervisor_file is None:
-            return False
-        data = read_json(self.supervisor_file)
-        child = None if data is None else data.get("child_pid")
-        if not isinstance(child, int) or child == self.pid:
-            return False
-        return proc_state(child, self.proc) not in (None, "Z")
+    def _follow(self, beat: Heartbeat | None, child: int | None, now: float) -> None:
+        """Switch to a new trainer: the supervisor's process `child`, or a new heartbeat's writer.
+
+        The supervisor's process is taken unless the trainer watched wrote heartbeats (module
+        docstring). A heartbeat's writer is taken while no supervisor runs a process, or when
+        it is that process or one of its descendants; a heartbeat left by an earlier trainer
+        (dead, so no descendant) is not. Each writer is considered once, at its first heartbeat
+        read. A trainer that died since the last look is still watched at this one, so that its
+        death is seen even when its successor already runs.
+        """
+        if (
+            self.pid is not None
+            and self.died_at is None
+            and proc_state(self.pid, self.proc) in GONE
+        ):
+            return
+        if child is not None and child != self.pid and not self.beats:
+            self._watch(child, now)
+        if beat is None or beat.pid == self.beat_pid:
+            return
+        self.beat_pid = beat.pid
+        if beat.pid != self.pid and (
+            child is None or beat.pid == child or _has_ancestor_in(beat.pid, {child}, self.proc)
+        ):
+            self._watch(beat.pid, now)
+
+    def _watch(self, pid: int, now: float) -> None:
+        """Watch a new trainer process (first start or an in-place restart by the supervisor)."""
+        self.pid, self.beats, self.died_at, self.d_since = pid, False, None, None
+        self.pid_seen_at = now
+        self.step_changed_at = now
 
     def _held_since_death(
         self, now: float, running: bool, snapshot: gpu.GpuSnapshot | None
@@ -256,9 +300,9 @@ class Collector:
         """(seconds since the last death, memory it left) while that memory is still held.
 
         While no trainer runs, all used memory is left over (a leftover process holding it
-        included); once the supervisor has restarted the trainer, what no live process
-        accounts for is. NVML's PIDs are host PIDs, so this reasons from totals only. A reading
-        at or below the released bound ends it.
+        included); once the supervisor has restarted the trainer (watched yet or not), what no
+        live process accounts for is. NVML's PIDs are host PIDs, so this reasons from
+        totals only. A reading at or below the released bound ends it.
         """
         if self.unreleased_death_at is None or snapshot is None:
             return None, None

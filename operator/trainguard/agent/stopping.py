@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.contract.env import PodEnv
-from trainguard.contract.files import read_json, write_json
+from trainguard.contract.files import read_json, read_supervised_child, write_json
 
 STACK_WAIT_S = 3.0
 STACK_READ_BYTES = 4096
@@ -42,11 +42,7 @@ class StopResult:
 
 def supervised_child(pod: PodEnv) -> int | None:
     """The PID of the trainer the supervisor runs now, or None when none runs or no supervisor."""
-    data = read_json(pod.supervisor_file)
-    if data is None or data.get("state") != "running":
-        return None
-    child = data.get("child_pid")
-    return child if isinstance(child, int) else None
+    return read_supervised_child(pod.supervisor_file)
 
 
 def _kill_recorded(pod: PodEnv, pid: int) -> bool:

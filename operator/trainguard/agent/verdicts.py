@@ -4,6 +4,12 @@ Liveness is judged by *absence*: a trainer process that is gone, GPU memory that
 says was released, a step that stopped advancing. Log age is only ever a slowness signal: a
 quiet log proves nothing about death. The order of the checks below is the order of
 severity; the first that holds wins.
+
+What each verdict needs: the trainer's PID (from the supervisor, or the harness heartbeat)
+for `Dead`, `IOStuck` and a duplicate trainer; GPU readings for the memory checks; the
+harness heartbeat's step for `Hung` and `Slow`. A trainer without the heartbeat (a script
+that does not use the harness) is judged by presence and memory only, and is `Healthy` while
+it runs (`Slow` while it is stopped): it has no step that could freeze.
 """
 
 from __future__ import annotations
@@ -73,11 +79,13 @@ class Signals:
     """What the agent observed at one moment (times in seconds).
 
     `trainer_seen` says whether a training process has ever run in this pod; before it, there
-    is nothing to judge. GPU fields are None when no probe reading is available.
+    is nothing to judge. `heartbeat` says whether that process writes the harness heartbeat
+    (without it, `step` is None). GPU fields are None when no probe reading is available.
     """
 
     trainer_seen: bool
     process_alive: bool
+    heartbeat: bool = True
     process_state: str | None = None  # /proc state letter: R, S, D, T, Z
     process_count: int = 0
     seconds_since_death: float | None = None
@@ -132,6 +140,8 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
     }
     if s.seconds_held_since_death is not None:
         evidence["held_s"] = _fmt(s.seconds_held_since_death)
+    if not s.heartbeat:
+        evidence["heartbeat"] = "none"
     if not s.trainer_seen:
         return Verdict(UNKNOWN, "trainer process not started yet", evidence)
 
@@ -184,9 +194,21 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
                 evidence,
             )
 
-    if s.step is None or s.seconds_since_start < t.startup_grace_s:
-        # Compiling, restoring or a trainer without the harness: only absence, I/O and
-        # memory are judged until the first step and the start-up grace have passed.
+    starting = s.seconds_since_start < t.startup_grace_s
+    if not s.heartbeat and not starting:
+        # A script that does not use the harness: it has no step that could freeze, so it is
+        # never Hung; absence, I/O and memory above, and a stop, are all that is judged.
+        if s.process_state == "T":
+            return Verdict(SLOW, "trainer stopped (T state)", evidence)
+        return Verdict(
+            HEALTHY,
+            "alive, running without the harness: no step signal (watched by presence and "
+            "GPU memory)",
+            evidence,
+        )
+    if s.step is None or starting:
+        # Compiling, restoring, or no heartbeat yet: only absence, I/O and memory are judged
+        # until the first step and the start-up grace have passed.
         return Verdict(HEALTHY, "alive, starting up", evidence)
 
     frozen = s.seconds_since_step_advanced >= t.hang_after_s

@@ -28,6 +28,7 @@ from trainguard.api.types import (
     MAX_NAME_LENGTH,
     SSH_URI_PREFIX,
     AbsolutePath,
+    DataUri,
     DnsLabel,
     DnsSubdomain,
     EnvVarName,
@@ -59,6 +60,8 @@ DEFAULT_IN_PLACE_RESTARTS = 3
 DEFAULT_MAX_RESTARTS = 10
 DEFAULT_BACKOFF_INITIAL_SECONDS = 5
 DEFAULT_BACKOFF_MAX_SECONDS = 300
+# The kubelet forgets a crash loop's back-off after 10 minutes of running.
+DEFAULT_BACKOFF_RESET_AFTER_SECONDS = 600
 DEFAULT_SAME_STEP_WINDOW = 10
 DEFAULT_GPUS = 1
 
@@ -132,12 +135,13 @@ class Trainer(KubeModel):
     image: str = Field(
         min_length=1, max_length=MAX_IMAGE_LENGTH, description="Container image of the trainer."
     )
-    command: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
+    # An empty entry is no program and no argument: exec would fail in every attempt.
+    command: list[Annotated[str, Field(min_length=1, max_length=MAX_ARG_LENGTH)]] = Field(
         min_length=1,
         max_length=MAX_ARGS,
         description=(
-            "Command that starts training (no shell). Required: the supervisor starts it and "
-            "restarts it in place after a software death."
+            "Command that starts training (no shell; no empty entries). Required: the "
+            "supervisor starts it and restarts it in place after a software death."
         ),
     )
     args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(
@@ -193,12 +197,55 @@ class DataSource(KubeModel):
             message="set exactly one of pvc and uri",
             check=lambda s: (s.pvc is None) != (s.uri is None),
         ),
+        ObjectRule(
+            cel=(
+                "!has(self.credentialsSecret) || "
+                f"(has(self.uri) && !self.uri.startsWith('{FILE_URI_PREFIX}'))"
+            ),
+            message=(
+                "credentialsSecret is for s3://, hf:// and ssh:// sources; a pvc or file:// "
+                "source takes none"
+            ),
+            check=lambda s: (
+                s.credentials_secret is None
+                or (s.uri is not None and not s.uri.startswith(FILE_URI_PREFIX))
+            ),
+            field="credentialsSecret",
+        ),
+        ObjectRule(
+            cel=(
+                f"!has(self.uri) || !self.uri.startsWith('{SSH_URI_PREFIX}') || "
+                "has(self.credentialsSecret)"
+            ),
+            message=(
+                "an ssh:// data source needs credentialsSecret (a Secret with ssh-privatekey "
+                "and optionally known_hosts)"
+            ),
+            check=lambda s: (
+                s.uri is None
+                or not s.uri.startswith(SSH_URI_PREFIX)
+                or s.credentials_secret is not None
+            ),
+            field="credentialsSecret",
+        ),
     )
 
     pvc: PvcSource | None = Field(default=None, description="An existing PVC, with a subPath.")
-    uri: Uri | None = Field(
+    uri: DataUri | None = Field(
         default=None,
-        description="A URI: file:///path, s3://bucket/prefix, hf://owner/repo or ssh://host/path.",
+        description=(
+            "A URI: file:///path, s3://bucket/prefix, hf://datasets/owner/name[@revision][/path] "
+            "(a dataset on the Hugging Face Hub) or ssh://[user@]host[:port]/path."
+        ),
+    )
+    credentials_secret: SecretRef | None = Field(
+        default=None,
+        description=(
+            "Secret with the credentials of a uri source, mounted read-only into the "
+            "stage-data step only: s3 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and optionally "
+            "AWS_ENDPOINT_URL (omit to use the pod's identity); hf token (omit for a public "
+            "dataset); ssh ssh-privatekey and optionally known_hosts (required for ssh://)."
+        ),
     )
 
 
@@ -571,6 +618,16 @@ class GhostMemory(KubeModel):
     )
 
 
+PY_SPY_REMOVED = (
+    "pySpy was removed: the stacks of a hung trainer come from the harness's signal handler "
+    "(faulthandler), which needs no SYS_PTRACE; only false is accepted"
+)
+
+
+def _off(value: bool) -> bool:
+    return not value
+
+
 class Monitor(KubeModel):
     """How the agent watches the trainer. Death is detected by absence, not by log age."""
 
@@ -627,13 +684,19 @@ class Monitor(KubeModel):
         description="Slow: tokens/s below this rate. No rate check if omitted.",
     )
     ghost_memory: GhostMemory = _sub(GhostMemory, "Ghost GPU memory thresholds.")
-    py_spy: bool = Field(
-        default=False,
-        description=(
-            "Dump stacks of a hung trainer with py-spy. Grants the agent SYS_PTRACE, which the "
-            "restricted Pod Security profile forbids; the default uses the harness's signal "
-            "handler instead."
-        ),
+    # Removed, kept only to refuse it with a reason. Every run stored before carries the old
+    # default (false): it stays valid and in the spec hash, so the removal replaces no pod.
+    py_spy: Annotated[bool, FieldRule(cel="!self", message=PY_SPY_REMOVED, check=_off)] | None = (
+        Field(
+            default=None,
+            description=(
+                "Removed: a hung trainer's stacks are written by the harness's signal handler "
+                "(faulthandler, on SIGUSR1 from the supervisor) before it is killed, with no "
+                "added capability; py-spy would need SYS_PTRACE, which the restricted Pod "
+                "Security profile forbids. false, the former default, is accepted and does "
+                "nothing."
+            ),
+        )
     )
 
 
@@ -654,6 +717,13 @@ class Backoff(KubeModel):
     )
     max_seconds: Seconds = Field(
         default=DEFAULT_BACKOFF_MAX_SECONDS, description="Cap of the doubling delay."
+    )
+    reset_after_seconds: PositiveSeconds = Field(
+        default=DEFAULT_BACKOFF_RESET_AFTER_SECONDS,
+        description=(
+            "A run that ran this long after a restart before it failed again starts the "
+            "delay over at initialSeconds (like the kubelet's 10 minutes for a crash loop)."
+        ),
     )
 
 
@@ -682,7 +752,10 @@ class Recovery(KubeModel):
         default=DEFAULT_MAX_RESTARTS,
         ge=0,
         le=MAX_RESTARTS,
-        description="Restarts of any kind before the run is Failed.",
+        description=(
+            "Restarts in a row without progress before the run is Failed: a failure after a "
+            "newer verified checkpoint than at the previous failure starts the count again."
+        ),
     )
     backoff: Backoff = _sub(Backoff, "Delay between restarts.")
     same_step_window: int = Field(

@@ -93,6 +93,18 @@ class Shipping(StatusModel):
     bytes_total: int | None = Field(default=None, ge=0, description="Bytes to upload.")
     time: Timestamp | None = Field(default=None, description="When the state last changed.")
     message: Message | None = Field(default=None, description="Error of a Failed upload.")
+    shipped: int | None = Field(
+        default=None,
+        ge=0,
+        description="Checkpoints this attempt's agent shipped to the layer and verified there.",
+    )
+    skipped: int | None = Field(
+        default=None,
+        ge=0,
+        description="Checkpoints this attempt's agent did not ship to the layer because a newer "
+        "one superseded them while the layer was busy or waiting to retry (the layer ships the "
+        "newest checkpoint it can finish).",
+    )
 
 
 class LayerCheckpoint(StatusModel):
@@ -140,6 +152,12 @@ class Failure(StatusModel):
         default=None,
         description="When the agent's failure verdict began (the agent's clock): a new start "
         "is a new failure.",
+    )
+    checkpoint_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="Newest verified checkpoint step when the failure was detected: a newer "
+        "one at the next failure is progress.",
     )
 
 
@@ -214,7 +232,10 @@ class TrainingRunStatus(StatusModel):
         description="Ready, Progressing, Degraded, Suspended, Complete, Failed and more.",
         json_schema_extra=map_list("type"),
     )
-    verdict: Verdict | None = Field(default=None, description="The agent's latest verdict.")
+    verdict: Verdict | None = Field(
+        default=None,
+        description="The current attempt's latest verdict; none until its agent renews the Lease.",
+    )
     step: int | None = Field(default=None, ge=0, description="Latest training step.")
     tokens_per_second: float | None = Field(
         default=None, ge=0.0, description="Latest training throughput."
@@ -226,6 +247,18 @@ class TrainingRunStatus(StatusModel):
     restarts: int = Field(default=0, ge=0, description="Restarts so far, of any kind.")
     in_place_restarts: int = Field(
         default=0, ge=0, description="Restarts in place since the run last moved to a node."
+    )
+    restarts_without_progress: int = Field(
+        default=0,
+        ge=0,
+        description="Restarts since the run last made progress (a verified checkpoint newer "
+        "than the newest at the failure before): counted against recovery.maxRestarts.",
+    )
+    backoff_restarts: int = Field(
+        default=0,
+        ge=0,
+        description="Restarts since the run last ran recovery.backoff.resetAfterSeconds after a "
+        "restart before failing: the n-th waits initialSeconds * 2^(n-1), up to maxSeconds.",
     )
     checkpoint_step: int | None = Field(
         default=None, ge=0, description="Newest verified checkpoint step across all layers."

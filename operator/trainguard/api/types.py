@@ -112,6 +112,23 @@ Uri = Annotated[
     ),
 ]
 
+# What a data source reads from the Hub: a dataset repository, written as the Hub's own client
+# writes one (`datasets/` first; a bare hf://owner/name is a model repository there).
+HF_DATASET_URI_RE = (
+    "^hf://datasets/[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(@[^/@]+)?(/.*)?$"
+)
+
+DataUri = Annotated[
+    Uri,
+    prefixed_regex_rule(
+        HF_URI_PREFIX,
+        HF_DATASET_URI_RE,
+        "an hf:// data source is a dataset repository, "
+        "hf://datasets/<owner>/<name>[@<revision>][/<path>]; model repositories, spaces and "
+        "buckets are not supported as data sources",
+    ),
+]
+
 EnvVarName = Annotated[
     str,
     Field(min_length=1, max_length=MAX_ENV_NAME_LENGTH),

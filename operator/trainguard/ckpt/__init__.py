@@ -3,8 +3,8 @@
 Torch-free and Kubernetes-free on purpose: the agent ships and restores checkpoints with this
 package alone. A checkpoint is a directory `step-<8 digits>/` holding files and a MANIFEST.json
 written last (see `manifest`); it is written as a transaction (`txn`), read only after it
-verifies (`verify`), and retired by keep-last-N (`retention`). `layout` documents the names in
-a checkpoint root.
+verifies (`verify`), retired by keep-last-N (`retention`) and pinned while a remote layer
+ships it (`pin`). `layout` documents the names in a checkpoint root.
 """
 
 from trainguard.ckpt.copy import CheckpointInvalidError, copy_checkpoint
@@ -26,6 +26,13 @@ from trainguard.ckpt.manifest import (
     FileEntry,
     Manifest,
 )
+from trainguard.ckpt.pin import (
+    MAX_PINNED,
+    pin_checkpoint,
+    remove_pins,
+    room_in_checkpoints,
+    unpin_checkpoint,
+)
 from trainguard.ckpt.retention import PruneResult, prune, remove_checkpoint_dir, remove_partials
 from trainguard.ckpt.txn import CheckpointTransaction, CheckpointWriteError, Committed
 from trainguard.ckpt.verify import (
@@ -44,6 +51,7 @@ __all__ = [
     "DIRECT_IO_ALIGN",
     "FORMAT_VERSION",
     "MANIFEST_FILENAME",
+    "MAX_PINNED",
     "SHA256",
     "XXH3_128",
     "CheckpointInvalidError",
@@ -65,10 +73,14 @@ __all__ = [
     "list_checkpoint_dirs",
     "new_hasher",
     "parse_step_dirname",
+    "pin_checkpoint",
     "prune",
     "remove_checkpoint_dir",
     "remove_partials",
+    "remove_pins",
+    "room_in_checkpoints",
     "scan",
     "step_dirname",
+    "unpin_checkpoint",
     "verify",
 ]

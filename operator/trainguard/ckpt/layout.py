@@ -9,6 +9,9 @@ A checkpoint root (an L1 directory, or a remote layer mounted as a directory) ho
 | `.deleting-step-<8 digits>-<unique>/` | a checkpoint being removed; never read, removable |
 | `.invalid-step-<8 digits>-<unique>/` | an invalid checkpoint moved aside by a newer save of |
 | | the same step; kept for inspection, never read |
+| `.pin-step-<8 digits>-<unique>/step-<8 digits>/` | a checkpoint pinned while a remote |
+| | layer ships it (hard links to its files, `pin`): keep-last-N may remove the checkpoint |
+| | meanwhile; never read as a checkpoint, removed only by the shipper that made it |
 
 Hidden names are never checkpoints, so nothing reading a root ever mistakes a half-written or
 half-deleted directory for one.
@@ -28,6 +31,7 @@ MAX_STEP = 10**STEP_DIGITS - 1
 TMP_PREFIX = ".tmp-"
 DELETING_PREFIX = ".deleting-"
 INVALID_PREFIX = ".invalid-"
+PIN_PREFIX = ".pin-"
 # O_DIRECT transfers must be aligned (memory, offset, length) to the device's logical block
 # size; 4096 satisfies every common device. O_DIRECT is 0 where the platform lacks it.
 DIRECT_IO_ALIGN = 4096

@@ -69,7 +69,8 @@ def remove_partials(root: str | os.PathLike[str]) -> tuple[Path, ...]:
     """Remove the hidden leftovers of interrupted saves and removals; return what was removed.
 
     Only for the single writer of a root, at its start: a leftover of a writer still running
-    would be removed under its feet. Quarantined `.invalid-` directories are not touched.
+    would be removed under its feet. Quarantined `.invalid-` directories are not touched, nor
+    are pins (`.pin-`): they belong to the shipper, which may be uploading one (`pin`).
     """
     base = Path(root)
     if not base.is_dir():

@@ -56,7 +56,11 @@ from trainguard.ckpt.verify import verify
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-FILE_MODE = 0o644
+# Group-writable as far as the process's umask allows (a pod's programs share theirs with the
+# pod's group, `trainguard.contract.files.share_with_pod`): the agent, another user of that
+# group, pins a checkpoint by hard-linking its files, which the kernel's protected hard links
+# allow only to a user who may write the file. The files are never written after the commit.
+FILE_MODE = 0o664
 
 
 class CheckpointWriteError(RuntimeError):

@@ -15,7 +15,13 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from trainguard.ckpt.hashing import UnknownHashAlgorithmError, hash_file, new_hasher
-from trainguard.ckpt.layout import DELETING_PREFIX, INVALID_PREFIX, TMP_PREFIX, parse_step_dirname
+from trainguard.ckpt.layout import (
+    DELETING_PREFIX,
+    INVALID_PREFIX,
+    PIN_PREFIX,
+    TMP_PREFIX,
+    parse_step_dirname,
+)
 from trainguard.ckpt.manifest import FORMAT_VERSION, MANIFEST_FILENAME, Manifest
 
 
@@ -111,7 +117,9 @@ class Scan:
 
     `valid` and `invalid` are sorted by step, oldest first. `partial` lists hidden temporary
     directories (an interrupted save or removal: never a checkpoint, safe to remove);
-    `quarantined` lists invalid checkpoints moved aside by a newer save of the same step.
+    `quarantined` lists invalid checkpoints moved aside by a newer save of the same step;
+    `pinned` lists pins (`pin`: a checkpoint a remote layer is shipping, never read here and
+    not the writer's to remove).
     """
 
     root: Path
@@ -119,6 +127,7 @@ class Scan:
     invalid: tuple[Verification, ...]
     partial: tuple[Path, ...]
     quarantined: tuple[Path, ...]
+    pinned: tuple[Path, ...] = ()
 
     @property
     def newest_valid(self) -> Verification | None:
@@ -152,6 +161,7 @@ def scan(root: str | os.PathLike[str], *, check_hashes: bool = True) -> Scan:
             path for path in hidden if path.name.startswith((TMP_PREFIX, DELETING_PREFIX))
         ),
         quarantined=tuple(path for path in hidden if path.name.startswith(INVALID_PREFIX)),
+        pinned=tuple(path for path in hidden if path.name.startswith(PIN_PREFIX)),
     )
 
 

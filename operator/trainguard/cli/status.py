@@ -133,6 +133,9 @@ def _checkpoints(status: Obj) -> list[str]:
         detail = NONE
         if shipping:
             detail = f"{shipping.get('state', NONE)} step {_value(shipping.get('step'))}"
+            if shipping.get("shipped") is not None:
+                skipped = shipping.get("skipped") or 0
+                detail += f" ({shipping['shipped']} shipped, {skipped} skipped)"
             if shipping.get("message"):
                 detail += f": {shipping['message']}"
         verified = "yes" if layer.get("verified") else "no"

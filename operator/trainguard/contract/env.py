@@ -31,6 +31,7 @@ built from an empty spec see the same values.
 | TRAINGUARD_LAYERS | layers | the run's remote layers (`spec.checkpoints.remote`), JSON list |
 | TRAINGUARD_FLUSH_TIMEOUT_SECONDS | flush_timeout_seconds | bound on the flush at deletion |
 | TRAINGUARD_DATA_SOURCE | data_source | source of `stage-data`: a directory (PVC mount) or a URI |
+| TRAINGUARD_DATA_SECRETS | data_secrets | the data source's Secret's mount (stage-data only) |
 | TRAINGUARD_DATA_BYTES | data_bytes | expected size of the staged data (`preflight` free space) |
 | TRAINGUARD_CKPT_BYTES | checkpoint_bytes | size of one full checkpoint (`preflight`) |
 | TRAINGUARD_LAYER_PATH_<NAME> | layer_paths | where a `file://` layer's volume is mounted |
@@ -94,6 +95,7 @@ LAYERS = "TRAINGUARD_LAYERS"
 FLUSH_TIMEOUT_SECONDS = "TRAINGUARD_FLUSH_TIMEOUT_SECONDS"
 DATA_SOURCE = "TRAINGUARD_DATA_SOURCE"
 DATA_BYTES = "TRAINGUARD_DATA_BYTES"
+DATA_SECRETS = "TRAINGUARD_DATA_SECRETS"
 CKPT_BYTES = "TRAINGUARD_CKPT_BYTES"
 LAYER_PATH_PREFIX = "TRAINGUARD_LAYER_PATH_"
 LAYER_SECRETS_PREFIX = "TRAINGUARD_LAYER_SECRETS_"
@@ -182,6 +184,8 @@ class PodEnv(BaseModel):
     layers: tuple[RemoteLayer, ...] = ()
     flush_timeout_seconds: float = Field(default=DEFAULT_FLUSH_TIMEOUT_SECONDS, gt=0)
     data_source: str | None = None
+    # Where the data source's credentialsSecret is mounted: set in the stage-data step only.
+    data_secrets: Path | None = None
     data_bytes: int | None = Field(default=None, ge=0)
     checkpoint_bytes: int | None = Field(default=None, ge=0)
     layer_paths: dict[str, str] = Field(default_factory=dict)
@@ -335,6 +339,7 @@ _FIELDS: tuple[tuple[str, str, Callable[[str], Any], Callable[[Any], str]], ...]
     ("layers", LAYERS, _layers, lambda v: _compact([layer.to_object() for layer in v])),
     ("flush_timeout_seconds", FLUSH_TIMEOUT_SECONDS, float, _number),
     ("data_source", DATA_SOURCE, str, str),
+    ("data_secrets", DATA_SECRETS, Path, str),
     ("data_bytes", DATA_BYTES, int, str),
     ("checkpoint_bytes", CKPT_BYTES, int, str),
 )

@@ -7,7 +7,7 @@ of the pod. What each file is, who writes it and who reads it:
 |---|---|---|
 | `heartbeat.json` | the harness (`trainguard_harness.heartbeat`) | the agent (`agent.signals`) |
 | `gpu.json` | the supervisor (`trainguard.gpu.publish`) | the agent (`gpu.read_published`) |
-| `supervisor.json` (next to the heartbeat) | the supervisor | the agent |
+| `supervisor.json` (next to the heartbeat) | the supervisor | the agent (`read_supervised_child`) |
 | `kill-request.json` (next to the heartbeat) | the agent, for a hung trainer | the supervisor |
 | `stacks-<pid>.txt` | the harness, on SIGUSR1 (faulthandler) | the agent, for the hang Event |
 | `preflight.json` | `trainguard preflight` | the agent (`trainguard.contract.reports`) |
@@ -37,6 +37,11 @@ STACKS_FILENAME_PATTERN = "stacks-{pid}.txt"
 PREFLIGHT_FILENAME = "preflight.json"
 STAGING_FILENAME = "staging.json"
 RESTORE_FILENAME = "restore.json"
+# Fields of `supervisor.json` its readers use: the state, and the PID of the process it runs
+# (set only while the state is running).
+SUPERVISOR_STATE = "state"
+SUPERVISOR_RUNNING = "running"
+SUPERVISOR_CHILD_PID = "child_pid"
 # The trainer's output, in the logs volume (not the state volume): `PodEnv.log_file`.
 LOG_FILENAME = "trainer.log"
 STATE_FILENAMES = (
@@ -96,6 +101,19 @@ def read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def read_supervised_child(path: Path) -> int | None:
+    """The PID of the process the supervisor runs now (`supervisor.json`), or None.
+
+    None while it runs none (between a death and the restart, after it gave up or finished)
+    and where no supervisor writes the file.
+    """
+    data = read_json(path)
+    if data is None or data.get(SUPERVISOR_STATE) != SUPERVISOR_RUNNING:
+        return None
+    child = data.get(SUPERVISOR_CHILD_PID)
+    return child if isinstance(child, int) else None
 
 
 @dataclass(frozen=True)

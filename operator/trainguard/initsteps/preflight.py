@@ -33,7 +33,9 @@ class's own, set in its environment), else 50 MB/s each.
 Space, per filesystem (L1 and data share one when both are emptyDirs): the sum over its
 targets of expected bytes minus what the target already holds (a local volume may keep a
 copy), at least the test file, plus one margin. L1 expects (keep + 1) x checkpoint size (the
-kept ones and the one being written; ``TRAINGUARD_KEEP_LAST``), data ``TRAINGUARD_DATA_BYTES``.
+kept ones and the one being written; ``TRAINGUARD_KEEP_LAST``) plus, with remote layers
+(``TRAINGUARD_LAYERS``), one checkpoint per upload the agent runs at once (a pinned checkpoint,
+`trainguard.ckpt.pin`), as the operator sized it; data ``TRAINGUARD_DATA_BYTES``.
 An emptyDir's sizeLimit is enforced by the kubelet and is not visible here: statvfs shows the
 node's disk.
 
@@ -71,7 +73,7 @@ from typing import Any
 
 from trainguard.api.quantity import human_bytes, quantity_bytes
 from trainguard.api.spec import DEFAULT_KEEP_LAST, DEFAULT_L1_DIR
-from trainguard.ckpt import DEFAULT_ALGORITHM, new_hasher
+from trainguard.ckpt import DEFAULT_ALGORITHM, new_hasher, room_in_checkpoints
 from trainguard.ckpt.hashing import CHUNK_BYTES, UnknownHashAlgorithmError
 from trainguard.contract import env, files, reports
 from trainguard.contract.env import PodEnv
@@ -193,15 +195,14 @@ class Settings:
     gpu_max_used_mib: float
     hash_algorithm: str = DEFAULT_ALGORITHM
     inject_corrupt_readback: bool = False
+    remote_layers: int = 0
 
     def expected_bytes(self, target: str) -> int | None:
-        """What `target` will hold at most: (keep + 1) checkpoints, or the data."""
+        """What `target` will hold at most: keep + 1 (+ pinned) checkpoints, or the data."""
         if target == L1_TARGET:
-            return (
-                None
-                if self.checkpoint_bytes is None
-                else ((self.keep_last + 1) * self.checkpoint_bytes)
-            )
+            if self.checkpoint_bytes is None:
+                return None
+            return room_in_checkpoints(self.keep_last, self.remote_layers) * self.checkpoint_bytes
         return self.data_bytes
 
 
@@ -262,6 +263,7 @@ def _space_check(targets: list[str], settings: Settings) -> Check:
         "margin_bytes": settings.margin_bytes,
         "test_file_bytes": settings.test_bytes,
         "keep_last": settings.keep_last,
+        "remote_layers": settings.remote_layers,
         "checkpoint_bytes": settings.checkpoint_bytes,
         "targets": parts,
     }
@@ -638,6 +640,7 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         gpu_max_used_mib=pod.monitor.ghost_memory.threshold_mib if max_used is None else max_used,
         hash_algorithm=algorithm,
         inject_corrupt_readback=injection == INJECT_CORRUPT_READBACK,
+        remote_layers=len(pod.layers),
     )
 
 

@@ -1,14 +1,22 @@
 """Where staged data comes from: a small `Source` interface, its backends, and bounded reads.
 
-A source lists its files, returns its data manifest when it has one, and opens a file for
-reading from an offset (so an interrupted copy resumes where it stopped; object stores serve
-the same with range requests). Backends are chosen by `open_source`:
+A source lists its files (path, size, modification time, and the server's fingerprint of the
+content when the listing carries one: `trainguard.layers.fingerprints`), gives a fingerprint on
+request where the server computes one apart from the listing, returns its data manifest when it
+has one, and opens a file for reading from an offset (so an interrupted copy resumes where it
+stopped; object stores serve the same with range requests). Backends are chosen by
+`open_source`:
 
-| source | backend |
-|---|---|
-| a directory path (e.g. the source PVC mounted into the `stage-data` step) | `DirectorySource` |
-| `file:///path` | `DirectorySource` |
-| `s3://`, `hf://`, `ssh://` | not yet: add a factory to `BACKENDS` (list, manifest, ranged open) |
+| source | backend | fingerprints |
+|---|---|---|
+| a directory (e.g. the source PVC mounted into the `stage-data` step) | `DirectorySource` | none |
+| `file:///path` | `DirectorySource` | none |
+| `s3://bucket/prefix` | `remote_sources.S3Source` | ETag (MD5 or multipart), by HEAD |
+| `ssh://[user@]host[:port]/path` | `remote_sources.SshSource` | sha256 on the remote host |
+| `hf://datasets/owner/name[@revision][/path]` | `remote_sources.HfSource` | LFS sha256, blob id |
+
+The remote backends use the remote checkpoint layers' clients and credential handling, with the
+data source's own Secret (`credentials_dir`, one file per key, as a layer's).
 
 Reads can hang: in the incident, dataloader workers sat in `poll_schedule_timeout` on a
 network volume forever. So every call into a source (listing, opening, each chunk read) runs
@@ -22,14 +30,16 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from stat import S_ISREG
 from typing import Protocol, TypeVar, cast
 from urllib.parse import unquote, urlparse
 
+from trainguard.api.constants import UriScheme
 from trainguard.ckpt.hashing import CHUNK_BYTES
+from trainguard.layers.fingerprints import Fingerprint
 
 # Written at the root of a source by `trainguard stage-data --write-manifest`; read by staging.
 DATA_MANIFEST_FILENAME = "DATA_MANIFEST.json"
@@ -51,11 +61,15 @@ class SourceTimeoutError(SourceError):
 
 @dataclass(frozen=True)
 class SourceFile:
-    """One file of a source: relative POSIX path, size, and modification time when known."""
+    """One file of a source: relative POSIX path, size, mtime when known, server's fingerprint.
+
+    The fingerprint is there when the source's listing carries one (None otherwise).
+    """
 
     path: str
     size: int
     mtime_ns: int | None
+    fingerprint: Fingerprint | None = None
 
 
 class SourceReader(Protocol):
@@ -84,6 +98,13 @@ class Source(Protocol):
 
     def read_manifest(self) -> bytes | None:
         """The source's data manifest (`DATA_MANIFEST.json`), or None when it has none."""
+        ...
+
+    def fingerprint(self, file: SourceFile) -> Fingerprint | None:
+        """The server's fingerprint of a file listed without one, asked for now; None if none.
+
+        It may take the server a read of the whole file (a remote `sha256sum`).
+        """
         ...
 
     def open(self, path: str, offset: int = 0) -> SourceReader:
@@ -139,6 +160,10 @@ class DirectorySource:
         except FileNotFoundError:
             return None
 
+    def fingerprint(self, file: SourceFile) -> Fingerprint | None:
+        """None: a file system keeps no fingerprints (staging hashes the files it reads)."""
+        return None
+
     def open(self, path: str, offset: int = 0) -> SourceReader:
         """Open a file unbuffered (every read is one system call we can time)."""
         handle = (self.root / path).open("rb", buffering=0)
@@ -151,26 +176,49 @@ def _raise(err: OSError) -> None:
     raise err
 
 
-def _directory_from_uri(uri: str) -> Source:
+# A factory: (URI, the Secret's directory or None, the environment) -> the source.
+Factory = Callable[[str, Path | None, Mapping[str, str]], Source]
+
+
+def _directory_from_uri(
+    uri: str, credentials_dir: Path | None, environ: Mapping[str, str]
+) -> Source:
     return DirectorySource(Path(unquote(urlparse(uri).path)))
 
 
-# URI scheme -> factory. A new backend (s3, hf) implements `Source` and registers here.
-BACKENDS: dict[str, Callable[[str], Source]] = {"file": _directory_from_uri}
+def _remote(uri: str, credentials_dir: Path | None, environ: Mapping[str, str]) -> Source:
+    # Imported on use: a directory source needs none of the remote clients.
+    from trainguard.initsteps.remote_sources import open_remote
+
+    return open_remote(uri, credentials_dir, environ)
 
 
-def open_source(value: str, exclude: frozenset[str] = frozenset()) -> Source:
-    """The source named by a directory path or a URI."""
+# URI scheme -> factory. A new backend implements `Source` and registers here.
+BACKENDS: dict[str, Factory] = {
+    UriScheme.FILE: _directory_from_uri,
+    UriScheme.S3: _remote,
+    UriScheme.SSH: _remote,
+    UriScheme.HF: _remote,
+}
+
+
+def open_source(
+    value: str,
+    exclude: frozenset[str] = frozenset(),
+    credentials_dir: Path | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> Source:
+    """The source named by a directory path or a URI (`credentials_dir`: its Secret, mounted)."""
     if "://" not in value:
         return DirectorySource(Path(value), exclude)
     scheme = urlparse(value).scheme
     factory = BACKENDS.get(scheme)
     if factory is None:
         raise SourceError(
-            f"{value}: {scheme}:// data sources are not supported yet "
+            f"{value}: {scheme}:// data sources are not supported "
             f"(supported: a directory, {', '.join(s + '://' for s in sorted(BACKENDS))})"
         )
-    return factory(value)
+    return factory(value, credentials_dir, environ)
 
 
 def timed_items(

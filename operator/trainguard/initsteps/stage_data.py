@@ -12,10 +12,16 @@ from a source (a directory such as the source PVC mounted into this step only, o
        {"format_version": 1, "hash_algorithm": "xxh3-128",
         "files": [{"path": "train/shard-00000.bin", "size": 4096, "hash": "9f0c..."}]}
 
-   A source without one is listed and hashed first: an independent read, so a copy corrupted
-   in transit cannot agree with it, at the cost of reading the source twice (the hashes are
-   kept for a resumed run). ``trainguard stage-data --write-manifest --source DIR`` writes the
-   manifest at the source once, and every later staging reads the source only once.
+   A source without one is listed. A server's fingerprint of each file (an S3 ETag, the Hub's
+   LFS sha256 or git blob id, a sha256 computed on an SSH host: `trainguard.layers.fingerprints`)
+   is the reference where there is one: the manifest is then built from the listing (``server``;
+   its ``hash_algorithm`` is ``per-file`` and each hash names its algorithm, as in
+   ``"sha256:9f0c..."``), and the source is read once. A file without one (every file of a
+   directory) is hashed here first: an independent read, so a copy corrupted in transit cannot
+   agree with it, at the cost of reading the source twice (``built``). What a staging found is
+   kept for a resumed one: a file with the same size and mtime is not hashed, nor asked for its
+   fingerprint, again. ``trainguard stage-data --write-manifest --source DIR`` writes the
+   manifest at a source directory once, and every later staging reads the source only once.
 2. **Skip.** A data directory whose bookkeeping says every file verified against this manifest,
    and whose files still have the recorded size, mtime and inode, is left as it is (a local
    PersistentVolume that already holds the copy).
@@ -26,9 +32,12 @@ from a source (a directory such as the source PVC mounted into this step only, o
    bookkeeping was lost) is adopted without copying.
 4. **Resume.** The bookkeeping (rewritten atomically at least every second) lists the verified
    files; a run killed half-way restarts with them and never copies them again, and a partial
-   file continues from where it stopped (its full hash is checked anyway).
+   file continues from where it stopped (a ranged read on a remote source; its full hash is
+   checked anyway).
 5. **Bounded reads.** Every source read must return within ``--read-timeout``; a hung read
    fails the step with a message naming the file and the offset, instead of hanging the pod.
+   A fingerprint the server computes (a remote ``sha256sum`` reads the whole file there) has
+   that long plus the file's size at `MIN_SERVER_HASH_BYTES_PER_S`.
 
 The data directory holds the staged files at their paths and, hidden from dataloaders' globs,
 ``.trainguard-staging/`` with ``state.json`` (the bookkeeping) and ``partial/`` (copies in
@@ -58,7 +67,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainguard.api.constants import StagingPhase
 from trainguard.api.quantity import human_bytes
@@ -80,6 +89,7 @@ from trainguard.initsteps.sources import (
     open_source,
     read_chunks,
 )
+from trainguard.layers.fingerprints import Fingerprint
 
 STEP = "stage-data"
 FORMAT_VERSION = 1
@@ -94,6 +104,11 @@ DEFAULT_RETRIES = 3
 # A few streams: a network filesystem or an object store rarely gives one stream its full rate.
 DEFAULT_JOBS = 4
 DEFAULT_PROGRESS_INTERVAL_S = 10.0
+# A fingerprint computed by the server (a remote sha256sum) may take the read timeout plus the
+# file's size at this rate: a slow disk over there, shared with other readers.
+MIN_SERVER_HASH_BYTES_PER_S = 25 * 10**6
+# The hash_algorithm of a manifest whose every hash names its own algorithm (`Fingerprint`).
+PER_FILE = "per-file"
 # Bookkeeping is rewritten at most this often: a kill loses at most this much of it, and the
 # files it misses are adopted by their hash, not copied again.
 STATE_SAVE_INTERVAL_S = 1.0
@@ -116,7 +131,7 @@ RECOPIES = "recopies"
 RESUMED_PARTIALS = "resumed_partials"
 COUNTERS = (ALREADY_VERIFIED, ADOPTED, COPIED, RECOPIES, RESUMED_PARTIALS)
 
-ManifestOrigin = Literal["source", "built"]
+ManifestOrigin = Literal["source", "built", "server"]
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -159,7 +174,8 @@ class DataManifest(BaseModel):
     @field_validator("hash_algorithm")
     @classmethod
     def _usable_hash(cls, value: str) -> str:
-        new_hasher(value)  # raises, naming the algorithms that are available
+        if value != PER_FILE:
+            new_hasher(value)  # raises, naming the algorithms that are available
         return value
 
     @field_validator("files")
@@ -169,6 +185,13 @@ class DataManifest(BaseModel):
             raise ValueError("file paths must be unique")
         return value
 
+    @model_validator(mode="after")
+    def _fingerprints(self) -> DataManifest:
+        if self.hash_algorithm == PER_FILE:
+            for entry in self.files:
+                Fingerprint.parse(entry.hash)  # raises, naming the hash
+        return self
+
     @property
     def total_bytes(self) -> int:
         """Sum of the sizes of all files."""
@@ -177,6 +200,15 @@ class DataManifest(BaseModel):
     def to_json_bytes(self) -> bytes:
         """The manifest as written at a source."""
         return (self.model_dump_json(indent=1) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A source file's reference for the manifest: its size, fingerprint, and whose it is."""
+
+    size: int
+    fingerprint: Fingerprint
+    server: bool  # the server's (else a hash of the bytes read here)
 
 
 class VerifiedFile(BaseModel):
@@ -199,8 +231,9 @@ class StagingState(BaseModel):
     source: str
     manifest: DataManifest
     manifest_origin: ManifestOrigin
-    # Built manifests only: (size, mtime_ns) of each source file when it was hashed, so a
-    # resumed run reuses the hashes of unchanged files instead of reading the source again.
+    # Built and server manifests: (size, mtime_ns) of each source file when it was listed, so
+    # a resumed run reuses the hashes (and the fingerprints the server computed) of unchanged
+    # files instead of reading the source (or having the server hash it) again.
     source_stats: dict[str, tuple[int, int | None]] = Field(default_factory=dict)
     verified: dict[str, VerifiedFile] = Field(default_factory=dict)
     complete: bool = False
@@ -321,11 +354,12 @@ class Progress:
         """The report written to staging.json.
 
         Keys: phase (Listing, Hashing, Copying, Complete, Skipped, Failed), source, dest,
-        manifest (source or built; None while listing), hash_algorithm, files_total/files_done
-        and bytes_total/bytes_done of the phase, bytes_per_second and eta_seconds (None until
-        known), the counters already_verified, adopted, copied, recopies, resumed_partials,
-        bytes_transferred (read from the source by this run), started_at and updated_at (Unix
-        seconds), error (one line, or None) and exit_code (None while running).
+        manifest (source, built or server; None while listing), hash_algorithm (per-file for a
+        server manifest), files_total/files_done and bytes_total/bytes_done of the phase,
+        bytes_per_second and eta_seconds (None until known), the counters already_verified,
+        adopted, copied, recopies, resumed_partials, bytes_transferred (read from the source by
+        this run), started_at and updated_at (Unix seconds), error (one line, or None) and
+        exit_code (None while running).
         """
         with self._lock:
             done = self._bytes_finished + sum(self._inflight.values())
@@ -520,9 +554,9 @@ class Stager:
     def manifest(
         self, previous: StagingState | None
     ) -> tuple[DataManifest, ManifestOrigin, dict[str, tuple[int, int | None]]]:
-        """The source's manifest, or one built by hashing the source (reusing `previous`).
+        """The source's manifest, or one built from the listing (reusing `previous`).
 
-        Also returns, for a built manifest, each source file's (size, mtime_ns) when hashed.
+        Also returns, for a built or server manifest, each source file's (size, mtime_ns).
         """
         desc = self.source.description
         timeout = self.options.read_timeout_s
@@ -535,37 +569,91 @@ class Stager:
                 raise SourceError(f"{desc}/{DATA_MANIFEST_FILENAME} is invalid: {err}") from err
         listing = call_with_timeout(self.source.list_files, timeout, f"listing {desc}")
         stats = {f.path: (f.size, f.mtime_ns) for f in listing}
-        return self.build_manifest(listing, previous), "built", stats
+        manifest, origin = self.build_manifest(listing, previous)
+        return manifest, origin, stats
 
     def build_manifest(
         self, listing: list[SourceFile], previous: StagingState | None
-    ) -> DataManifest:
-        """Hash every listed file of the source (unchanged files keep their known hashes)."""
-        algorithm = self.options.hash_algorithm
-        known: dict[str, FileEntry] = {}
-        if (
-            previous is not None
-            and previous.manifest_origin == "built"
-            and previous.source == self.source.description
-            and previous.manifest.hash_algorithm == algorithm
-        ):
-            by_path = {entry.path: entry for entry in previous.manifest.files}
-            known = {
-                f.path: by_path[f.path]
-                for f in listing
-                if f.path in by_path
-                and f.mtime_ns is not None
-                and previous.source_stats.get(f.path) == (f.size, f.mtime_ns)
-            }
-        todo = [f for f in listing if f.path not in known]
+    ) -> tuple[DataManifest, ManifestOrigin]:
+        """Every listed file's reference: the server's fingerprint, else a hash of its bytes.
+
+        A fingerprint the listing carries is taken as it is; unchanged files keep what
+        `previous` found; the others are fingerprinted by the server on request or, where it
+        has none, read and hashed here. The manifest is `server` when a fingerprint came from
+        the server (its hashes name their algorithms), else `built`.
+        """
+        found = self._known(listing, previous)
+        found.update(
+            {f.path: _Found(f.size, f.fingerprint, True) for f in listing if f.fingerprint}
+        )
+        todo = [f for f in listing if f.path not in found]
         self.progress.begin(HASHING, len(todo), sum(f.size for f in todo))
         if todo:
             self.progress.report(force=True)
-        hashed = _run_parallel(
-            todo, self._hash_source_file, self.options.jobs, self.progress.report, self.cancel
+        done = _run_parallel(
+            todo,
+            self._fingerprint_source_file,
+            self.options.jobs,
+            self.progress.report,
+            self.cancel,
         )
-        entries = {**known, **{entry.path: entry for entry in hashed}}
-        return DataManifest(hash_algorithm=algorithm, files=tuple(entries[f.path] for f in listing))
+        found.update({item.path: result for item, result in zip(todo, done, strict=True)})
+        ordered = [(f.path, found[f.path]) for f in listing]
+        if any(result.server for _, result in ordered):
+            files = tuple(
+                FileEntry(path=path, size=r.size, hash=str(r.fingerprint)) for path, r in ordered
+            )
+            return DataManifest(hash_algorithm=PER_FILE, files=files), "server"
+        # Every hash is this staging's algorithm: the manifest's format at a source.
+        files = tuple(
+            FileEntry(path=path, size=r.size, hash=r.fingerprint.value) for path, r in ordered
+        )
+        return DataManifest(hash_algorithm=self.options.hash_algorithm, files=files), "built"
+
+    def _known(self, listing: list[SourceFile], previous: StagingState | None) -> dict[str, _Found]:
+        """What `previous` found for the files unchanged since (same size and mtime)."""
+        algorithm = self.options.hash_algorithm
+        if (
+            previous is None
+            or previous.source != self.source.description
+            or previous.manifest_origin == "source"
+            or (
+                previous.manifest_origin == "built"
+                and previous.manifest.hash_algorithm != algorithm
+            )
+        ):
+            return {}
+        server = previous.manifest_origin == "server"
+        by_path = {entry.path: entry for entry in previous.manifest.files}
+        known = {}
+        for f in listing:
+            entry = by_path.get(f.path)
+            if (
+                entry is None
+                or f.mtime_ns is None
+                or previous.source_stats.get(f.path) != (f.size, f.mtime_ns)
+            ):
+                continue
+            fingerprint = (
+                Fingerprint.parse(entry.hash) if server else Fingerprint(algorithm, entry.hash)
+            )
+            known[f.path] = _Found(entry.size, fingerprint, server)
+        return known
+
+    def _fingerprint_source_file(self, item: SourceFile) -> _Found:
+        """The server's fingerprint of a file, asked for now; else a hash of its bytes."""
+        # A server that hashes the file reads all of it first.
+        timeout = self.options.read_timeout_s + item.size / MIN_SERVER_HASH_BYTES_PER_S
+        fingerprint = call_with_timeout(
+            lambda: self.source.fingerprint(item),
+            timeout,
+            f"asking {self.source.description} for the fingerprint of {item.path}",
+        )
+        if fingerprint is not None:
+            self.progress.file_done(item.path, item.size)
+            return _Found(item.size, fingerprint, True)
+        entry = self._hash_source_file(item)
+        return _Found(entry.size, Fingerprint(self.options.hash_algorithm, entry.hash), False)
 
     def _hash_source_file(self, item: SourceFile) -> FileEntry:
         hasher = new_hasher(self.options.hash_algorithm)
@@ -578,6 +666,13 @@ class Stager:
             self.progress.moved(item.path, size, len(chunk))
         self.progress.file_done(item.path, size)
         return FileEntry(path=item.path, size=size, hash=hasher.hexdigest())
+
+    def _local_digest(self, path: Path, entry: FileEntry) -> tuple[int, str]:
+        """(size, hash) of a local file in the manifest's terms, read from the disk."""
+        algorithm = self.state.manifest.hash_algorithm
+        if algorithm != PER_FILE:
+            return hash_file(path, algorithm)
+        return path.stat().st_size, str(Fingerprint.parse(entry.hash).of_file(path))
 
     # -- staging -------------------------------------------------------------------------
 
@@ -671,7 +766,7 @@ class Stager:
         """Make `entry` present and verified: adopt a matching file in place, else copy it."""
         final = self.dest / entry.path
         if final.is_file() and final.stat().st_size == entry.size:
-            _, digest = hash_file(final, self.state.manifest.hash_algorithm)
+            _, digest = self._local_digest(final, entry)
             if digest == entry.hash:
                 self._record(entry.path, digest)
                 self.progress.file_done(entry.path, entry.size, ADOPTED)
@@ -681,6 +776,8 @@ class Stager:
 
     def _copy_verified(self, entry: FileEntry) -> None:
         algorithm = self.state.manifest.hash_algorithm
+        # A per-file hash names its algorithm already.
+        label = "" if algorithm == PER_FILE else f"{algorithm} "
         partial = self._partial_path(entry)
         attempts = self.options.retries + 1
         problem = ""
@@ -697,7 +794,7 @@ class Stager:
             except SourceError as err:
                 problem = str(err)
             else:
-                size, digest = hash_file(partial, algorithm)
+                size, digest = self._local_digest(partial, entry)
                 if (size, digest) == (entry.size, entry.hash):
                     final = self.dest / entry.path
                     final.parent.mkdir(parents=True, exist_ok=True)
@@ -707,7 +804,7 @@ class Stager:
                     self.progress.file_done(entry.path, entry.size, COPIED)
                     return
                 problem = (
-                    f"the copy has {size} bytes with {algorithm} {digest}, the manifest says "
+                    f"the copy has {size} bytes with {label}{digest}, the manifest says "
                     f"{entry.size} bytes with {entry.hash}"
                 )
             partial.unlink(missing_ok=True)
@@ -729,7 +826,14 @@ class Stager:
         try:
             os.lseek(fd, offset, os.SEEK_SET)
             position = offset
-            for chunk in read_chunks(self.source, entry.path, offset, self.options.read_timeout_s):
+            # A partial copy that is complete asks nothing more of the source (S3 refuses a
+            # range that starts at the end).
+            chunks = (
+                read_chunks(self.source, entry.path, offset, self.options.read_timeout_s)
+                if offset < entry.size
+                else iter(())
+            )
+            for chunk in chunks:
                 if self.cancel.is_set():
                     raise _Cancelled
                 view = memoryview(chunk)
@@ -756,7 +860,7 @@ def write_source_manifest(source: DirectorySource, options: Options, progress: P
     listing = call_with_timeout(
         source.list_files, options.read_timeout_s, f"listing {source.description}"
     )
-    manifest = Stager(source, source.root, options, progress).build_manifest(listing, None)
+    manifest, _ = Stager(source, source.root, options, progress).build_manifest(listing, None)
     path = source.root / DATA_MANIFEST_FILENAME
     files.write_atomic(path, manifest.to_json_bytes())
     return path
@@ -777,7 +881,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--source",
-        help=f"a directory or file:// URI (default: ${env.DATA_SOURCE})",
+        help=(
+            "a directory, or a file://, s3://, ssh:// or hf://datasets/ URI "
+            f"(default: ${env.DATA_SOURCE})"
+        ),
+    )
+    parser.add_argument(
+        "--credentials",
+        type=Path,
+        metavar="DIR",
+        help=(
+            "the source's Secret, one file per key, as a layer's (default: "
+            f"${env.DATA_SECRETS}; none: an s3:// source uses boto3's default credentials)"
+        ),
     )
     parser.add_argument(
         "--dest",
@@ -853,7 +969,12 @@ def main(argv: list[str]) -> int:
     if options.pause_per_file_s:
         common.log(STEP, f"FAULT INJECTION: {INJECT_ENV}: pausing after every file")
     try:
-        source = open_source(source_value, exclude=frozenset({CONTROL_DIRNAME}))
+        source = open_source(
+            source_value,
+            exclude=frozenset({CONTROL_DIRNAME}),
+            credentials_dir=args.credentials or pod.data_secrets,
+            environ=environ,
+        )
         if args.write_manifest:
             if not isinstance(source, DirectorySource):
                 parser.error("--write-manifest needs a directory source")

@@ -19,6 +19,8 @@ mounts it read-only into the agent and the restore step, one file per key (the k
 `SECRET_KEY_*` in `trainguard.api.constants`), and names the directory in the pod contract's
 `layer_secrets_env` variable. A layer without that variable has no
 Secret: an `s3://` layer then uses the pod's identity (boto3's default credential chain).
+The data source's Secret (`spec.data.source.credentialsSecret`, the same keys) is read the same
+way (`Credentials.from_directory`) by the `stage-data` step, the only container that mounts it.
 Credential values never reach logs, status, Events or exception messages: every error a
 remote layer raises passes through `Credentials.redact`.
 """
@@ -47,7 +49,14 @@ from trainguard.ckpt import (
     verify,
 )
 from trainguard.contract.env import layer_path_env, layer_secrets_env
-from trainguard.layers.lineage import CheckpointRef, Lineage, Origin, parse_origin, prune_plan
+from trainguard.layers.lineage import (
+    LEGACY,
+    CheckpointRef,
+    Lineage,
+    Origin,
+    parse_origin,
+    prune_plan,
+)
 
 REDACTED = "***"
 # Keys a credentials Secret may hold that are not secret: an error may name them.
@@ -157,9 +166,11 @@ class Credentials:
     def from_env(cls, name: str, environ: Mapping[str, str]) -> Credentials:
         """The Secret of layer `name` as mounted by the operator (empty when it has none)."""
         directory = environ.get(layer_secrets_env(name))
-        if not directory:
-            return cls({})
-        root = Path(directory)
+        return cls.from_directory(Path(directory), name) if directory else cls({})
+
+    @classmethod
+    def from_directory(cls, root: Path, name: str) -> Credentials:
+        """A Secret mounted at `root`, one file per key (`name` says whose in an error)."""
         if not root.is_dir():
             raise LayerError(f"{name}: the credentials directory {root} is not mounted")
         # A mounted Secret also holds hidden `..data` links; only the plain key files count.
@@ -211,6 +222,8 @@ class FileLayer:
         found: dict[CheckpointRef, Path] = {}
         if not self.root.is_dir():
             return found
+        for step, path in list_checkpoint_dirs(self.root):
+            found[CheckpointRef(step, LEGACY)] = path
         for run_dir in self.root.iterdir():
             if not run_dir.is_dir():
                 continue

@@ -64,6 +64,19 @@ MAX_MESSAGE = 1000
 Uploads = list[tuple[Path, str]]
 
 
+def error_chain(err: BaseException) -> str:
+    """An exception and its first causes on one line (a client's wrapper often says little).
+
+    Pass the result through `Credentials.redact` before it goes anywhere.
+    """
+    causes: list[str] = []
+    cause: BaseException | None = err
+    while cause is not None and len(causes) < MAX_CAUSES:
+        causes.append(f"{type(cause).__name__}: {cause}")
+        cause = cause.__cause__ or cause.__context__
+    return " <- ".join(causes)
+
+
 class Store(Protocol):
     """Bytes under keys `run-<uid>/attempt-<k>/step-<8 digits>/<path>`, relative to the root."""
 
@@ -123,12 +136,7 @@ class RemoteLayer:
         except LayerError as err:
             raise LayerError(self.credentials.redact(str(err))) from None
         except Exception as err:  # every client library has its own exception types
-            causes: list[str] = []
-            cause: BaseException | None = err
-            while cause is not None and len(causes) < MAX_CAUSES:
-                causes.append(f"{type(cause).__name__}: {cause}")
-                cause = cause.__cause__ or cause.__context__
-            message = f"{self.config.name}: {action}: {' <- '.join(causes)}"
+            message = f"{self.config.name}: {action}: {error_chain(err)}"
             raise LayerError(self.credentials.redact(message)[:MAX_MESSAGE]) from None
 
     def checkpoints(self) -> list[CheckpointRef]:

@@ -20,7 +20,6 @@ set, else the public Hub. The client uses the Hub's Xet storage where it offers 
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import time
 from collections.abc import Iterator, Mapping
@@ -45,6 +44,7 @@ from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 from trainguard.api.constants import SECRET_KEY_HF_TOKEN
 from trainguard.ckpt import (
     MANIFEST_FILENAME,
+    SHA256,
     Contents,
     FileEntry,
     Manifest,
@@ -58,6 +58,7 @@ from trainguard.layers import (
     Transfer,
 )
 from trainguard.layers.base import CHUNK_BYTES, RemoteLayer, Uploads
+from trainguard.layers.fingerprints import GIT_BLOB_SHA1, Fingerprint, file_fingerprint
 from trainguard.layers.lineage import CheckpointRef, Origin, checkpoint_key, parse_key
 from trainguard.layers.shards import SUFFIX, split
 
@@ -69,6 +70,7 @@ RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 ENDPOINT_ENV = "HF_ENDPOINT"
 REVISION = "main"
 NOT_FOUND = 404
+PARTIAL_CONTENT = 206
 # Shards are staged beside L1 under this hidden prefix (no checkpoint reader looks at it).
 STAGING_PREFIX = ".upload-"
 
@@ -77,11 +79,51 @@ Operation = CommitOperationAdd | CommitOperationDelete
 
 def git_blob_id(path: Path) -> str:
     """The git blob id the Hub reports for a file kept in git: sha1 of a header + content."""
-    hasher = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
-    with path.open("rb") as reader:
-        while data := reader.read(CHUNK_BYTES):
-            hasher.update(data)
-    return hasher.hexdigest()
+    return file_fingerprint(path, GIT_BLOB_SHA1)
+
+
+def hf_api(credentials: Credentials, environ: Mapping[str, str]) -> HfApi:
+    """A Hub client with the Secret's token (if any), on HF_ENDPOINT when set."""
+    token = credentials.get(SECRET_KEY_HF_TOKEN)
+    return HfApi(endpoint=environ.get(ENDPOINT_ENV) or None, token=token)
+
+
+@contextmanager
+def stream_file(
+    api: HfApi,
+    repo_id: str,
+    filename: str,
+    *,
+    repo_type: str | None = None,
+    revision: str = REVISION,
+    offset: int = 0,
+) -> Iterator[Iterator[bytes]]:
+    """Stream one file of a repository from `offset` (the resolve endpoint, redirects followed).
+
+    A server that ignores the range request sends the whole file: its first `offset` bytes are
+    skipped here.
+    """
+    url = hf_hub_url(
+        repo_id, filename, repo_type=repo_type, revision=revision, endpoint=api.endpoint
+    )
+    headers = build_hf_headers(token=api.token)
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
+        hf_raise_for_status(response)
+        chunks = response.iter_bytes(CHUNK_BYTES)
+        if offset and response.status_code != PARTIAL_CONTENT:
+            chunks = _skip(chunks, offset)
+        yield chunks
+
+
+def _skip(chunks: Iterator[bytes], count: int) -> Iterator[bytes]:
+    for chunk in chunks:
+        if count >= len(chunk):
+            count -= len(chunk)
+            continue
+        yield chunk[count:]
+        count = 0
 
 
 class HfStore:
@@ -92,13 +134,11 @@ class HfStore:
         api: HfApi,
         repo_id: str,
         prefix: str,
-        token: str | None,
         max_files_per_commit: int = MAX_FILES_PER_COMMIT,
     ) -> None:
         self.api = api
         self.repo_id = repo_id
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        self.token = token
         self.max_files_per_commit = max_files_per_commit
         self._repo_ready = False
 
@@ -198,13 +238,8 @@ class HfStore:
     @contextmanager
     def download(self, key: str) -> Iterator[Iterator[bytes]]:
         """Stream one file from the Hub's resolve endpoint (following its redirect)."""
-        url = hf_hub_url(
-            self.repo_id, self._path(key), revision=REVISION, endpoint=self.api.endpoint
-        )
-        headers = build_hf_headers(token=self.token)
-        with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
-            hf_raise_for_status(response)
-            yield response.iter_bytes(CHUNK_BYTES)
+        with stream_file(self.api, self.repo_id, self._path(key)) as chunks:
+            yield chunks
 
     def delete(self, ref: CheckpointRef) -> None:
         """One commit removing the checkpoint's folder (the manifest goes with it, atomically)."""
@@ -212,8 +247,15 @@ class HfStore:
         self._commit([folder], f"remove {ref.path}")
 
 
+def repo_file_fingerprint(info: RepoFile) -> Fingerprint:
+    """What the Hub says a file holds: its LFS sha256, or the git blob id of one kept in git."""
+    if info.lfs is not None:
+        return Fingerprint(SHA256, info.lfs.sha256)
+    return Fingerprint(GIT_BLOB_SHA1, info.blob_id)
+
+
 def _fingerprint(info: RepoFile) -> str:
-    return info.lfs.sha256 if info.lfs is not None else info.blob_id
+    return repo_file_fingerprint(info).value
 
 
 class HfLayer(RemoteLayer):
@@ -280,7 +322,6 @@ def open_hf(
     if not uri.netloc or not name:
         raise LayerError(f"{config.name}: {config.uri} is not hf://owner/repo[/prefix]")
     repo_id = f"{uri.netloc}/{name}"
-    token = credentials.get(SECRET_KEY_HF_TOKEN)
-    api = HfApi(endpoint=environ.get(ENDPOINT_ENV) or None, token=token)
-    store = HfStore(api, repo_id, prefix, token)
+    api = hf_api(credentials, environ)
+    store = HfStore(api, repo_id, prefix)
     return HfLayer(config, store, credentials, max_shard_bytes, origin)

@@ -20,7 +20,9 @@ fences of all superseded attempts reach the new pod (`PodEnv.fences`), and `Line
   attempt (a zombie's upload) and is never restored, never pruned, and reported;
 - of a superseded attempt with no fence recorded, or of a later attempt: no;
 - of another run (an earlier TrainingRun of the same name and layers): yes; a re-created run
-  resumes from where its predecessor got to, as before checkpoints carried their attempt.
+  resumes from where its predecessor got to, as before checkpoints carried their attempt;
+- of the layout before checkpoints named their attempt (`step-<8 digits>/` directly under the
+  root, `LEGACY`): yes, like another run's, so an upgraded operator resumes from them.
 """
 
 from __future__ import annotations
@@ -53,11 +55,19 @@ class Origin:
 
     @property
     def path(self) -> str:
-        """The origin's directory on a layer: `run-<uid>/attempt-<k>`."""
+        """The origin's directory on a layer: `run-<uid>/attempt-<k>` ("" for `LEGACY`)."""
+        if self == LEGACY:
+            return ""
         return f"{RUN_PREFIX}{self.run}/{ATTEMPT_PREFIX}{self.attempt}"
 
     def __str__(self) -> str:
+        if self == LEGACY:
+            return "shipped before checkpoints named their attempt"
         return f"attempt {self.attempt} of run {self.run}"
+
+
+# Checkpoints directly under a layer's root, as shipped before they named their attempt.
+LEGACY = Origin("", 0)
 
 
 @dataclass(frozen=True, order=True)
@@ -70,7 +80,8 @@ class CheckpointRef:
     @property
     def path(self) -> str:
         """Its directory on the layer: `run-<uid>/attempt-<k>/step-<8 digits>`."""
-        return f"{self.origin.path}/{step_dirname(self.step)}"
+        prefix = self.origin.path
+        return f"{prefix}/{step_dirname(self.step)}" if prefix else step_dirname(self.step)
 
     def __str__(self) -> str:
         return f"step {self.step} ({self.origin})"
@@ -92,6 +103,10 @@ def parse_origin(run_dir: str, attempt_dir: str) -> Origin | None:
 
 def parse_key(key: str) -> tuple[CheckpointRef, str] | None:
     """(checkpoint, file name inside it) of a key relative to the root; None if not one."""
+    directory, _, name = key.partition("/")
+    legacy = parse_step_dirname(directory)
+    if legacy is not None:
+        return (CheckpointRef(legacy, LEGACY), name) if name else None
     parts = key.split("/", 3)
     if len(parts) != 4:
         return None

@@ -39,6 +39,7 @@ from trainguard.api.constants import (
 from trainguard.ckpt import MANIFEST_FILENAME
 from trainguard.layers import Credentials, LayerConfig, LayerError, Transfer
 from trainguard.layers.base import CHUNK_BYTES, RemoteLayer, Uploads
+from trainguard.layers.fingerprints import S3_MULTIPART, file_fingerprint, multipart_etag
 from trainguard.layers.lineage import CheckpointRef, Origin, parse_key
 
 if TYPE_CHECKING:
@@ -122,12 +123,7 @@ class S3Store:
 
     def expected_etag(self, source: Path) -> str:
         """The multipart ETag the server reports for `source` uploaded by this store."""
-        part = self.part_size(source.stat().st_size)
-        digests = []
-        with source.open("rb") as reader:
-            while data := reader.read(part):
-                digests.append(hashlib.md5(data).digest())
-        return _multipart_etag(digests or [hashlib.md5(b"").digest()])
+        return file_fingerprint(source, S3_MULTIPART, self.part_size(source.stat().st_size))
 
     def upload(self, files: Uploads, transfer: Transfer) -> dict[str, str]:
         """Upload each file, resuming open multipart uploads; return each key's ETag."""
@@ -164,7 +160,7 @@ class S3Store:
                 if _etag(sent) != digest.hex():
                     raise LayerError(f"{key}: part {number}: the server's ETag differs from MD5")
                 transfer.advance(len(data))
-        expected = _multipart_etag(digests)
+        expected = multipart_etag(digests)
         parts = [{"PartNumber": n, "ETag": f'"{d.hex()}"'} for n, d in enumerate(digests, 1)]
         completed = self.client.complete_multipart_upload(
             Bucket=self.bucket,
@@ -239,12 +235,8 @@ class S3Store:
             )
 
 
-def _multipart_etag(digests: list[bytes]) -> str:
-    return f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(digests)}"
-
-
 def s3_client(credentials: Credentials, environ: Mapping[str, str]) -> S3Client:
-    """A boto3 S3 client for the layer's Secret (or the pod's identity) and endpoint."""
+    """A boto3 S3 client for a layer's or a data source's Secret (or the pod's identity)."""
     endpoint = credentials.get(SECRET_KEY_S3_ENDPOINT_URL) or environ.get(ENDPOINT_ENV)
     region = next((environ[name] for name in REGION_ENVS if environ.get(name)), DEFAULT_REGION)
     config = Config(

@@ -24,6 +24,7 @@ import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -33,7 +34,7 @@ from trainguard.api.constants import SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_
 from trainguard.ckpt import MANIFEST_FILENAME, SHA256, hash_file, parse_step_dirname
 from trainguard.layers import Credentials, LayerConfig, LayerError, Transfer
 from trainguard.layers.base import CHUNK_BYTES, RemoteLayer, Uploads
-from trainguard.layers.lineage import CheckpointRef, Origin, parse_origin
+from trainguard.layers.lineage import LEGACY, CheckpointRef, Origin, parse_origin
 
 DEFAULT_PORT = 22
 PARTIAL_SUFFIX = ".partial"
@@ -41,6 +42,97 @@ CONNECT_TIMEOUT_S = 15.0
 COMMAND_TIMEOUT_S = 600.0
 # A dead peer is noticed within a few keepalive rounds instead of a TCP timeout.
 KEEPALIVE_S = 10
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Where an `ssh://[user@]host[:port]/path` URI points, and the key files to get there."""
+
+    host: str
+    port: int
+    username: str | None
+    root: str
+    key_file: Path
+    known_hosts: Path | None
+
+
+def ssh_target(uri_text: str, credentials: Credentials, name: str) -> SshTarget:
+    """The target of an ssh:// URI with the Secret's key files; `name` prefixes the errors."""
+    uri = urlparse(uri_text)
+    if not uri.hostname or not uri.path:
+        raise LayerError(f"{name}: {uri_text} needs a host and a path")
+    key_file = credentials.file(SECRET_KEY_SSH_PRIVATE_KEY)
+    if key_file is None:
+        raise LayerError(f"{name}: the Secret has no {SECRET_KEY_SSH_PRIVATE_KEY}")
+    return SshTarget(
+        uri.hostname,
+        uri.port or DEFAULT_PORT,
+        uri.username,
+        uri.path,
+        key_file,
+        credentials.file(SECRET_KEY_SSH_KNOWN_HOSTS),
+    )
+
+
+def connect(
+    host: str, port: int, username: str | None, key_file: Path, known_hosts: Path | None
+) -> paramiko.SSHClient:
+    """A connection authenticated by the key alone, to a host whose key is known.
+
+    The host key must be in `known_hosts`, else in the system's known hosts; an unknown host
+    is refused. A dead peer is noticed by keepalives.
+    """
+    client = paramiko.SSHClient()
+    if known_hosts is not None:
+        client.load_host_keys(str(known_hosts))
+    else:
+        client.load_system_host_keys()
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.connect(
+        host,
+        port=port,
+        username=username,
+        pkey=paramiko.PKey.from_path(key_file),
+        allow_agent=False,
+        look_for_keys=False,
+        timeout=CONNECT_TIMEOUT_S,
+        banner_timeout=CONNECT_TIMEOUT_S,
+        auth_timeout=CONNECT_TIMEOUT_S,
+    )
+    active = client.get_transport()
+    if active is not None:
+        active.set_keepalive(KEEPALIVE_S)
+    return client
+
+
+def run_command(
+    client: paramiko.SSHClient, argv: list[str], timeout_s: float = COMMAND_TIMEOUT_S
+) -> str:
+    """Run a command on the remote host; its stdout (a non-zero exit is a `LayerError`)."""
+    command = shlex.join(argv)
+    _, stdout, stderr = client.exec_command(command, timeout=timeout_s)
+    try:
+        out = stdout.read().decode()
+        status = stdout.channel.recv_exit_status()
+        if status != 0:
+            raise LayerError(f"`{command}` exited {status}: {stderr.read().decode()[:300]}")
+        return out
+    finally:
+        # Closed now, not when the server gets round to it: a server counts open sessions.
+        stdout.channel.close()
+
+
+def remote_sha256(
+    client: paramiko.SSHClient, paths: list[str], timeout_s: float = COMMAND_TIMEOUT_S
+) -> dict[str, str]:
+    """sha256 of each remote file (absolute paths), computed on the remote host."""
+    if not paths:
+        return {}
+    digests = {}
+    for line in run_command(client, ["sha256sum", "--", *paths], timeout_s).splitlines():
+        digest, _, name = line.partition("  ")
+        digests[name] = digest
+    return digests
 
 
 class SshStore:
@@ -74,26 +166,9 @@ class SshStore:
             transport = self._client.get_transport() if self._client else None
             if self._sftp is None or transport is None or not transport.is_active():
                 self.close()
-                client = paramiko.SSHClient()
-                if self.known_hosts is not None:
-                    client.load_host_keys(str(self.known_hosts))
-                else:
-                    client.load_system_host_keys()
-                client.set_missing_host_key_policy(paramiko.RejectPolicy())
-                client.connect(
-                    self.host,
-                    port=self.port,
-                    username=self.username,
-                    pkey=paramiko.PKey.from_path(self.key_file),
-                    allow_agent=False,
-                    look_for_keys=False,
-                    timeout=CONNECT_TIMEOUT_S,
-                    banner_timeout=CONNECT_TIMEOUT_S,
-                    auth_timeout=CONNECT_TIMEOUT_S,
+                client = connect(
+                    self.host, self.port, self.username, self.key_file, self.known_hosts
                 )
-                active = client.get_transport()
-                if active is not None:
-                    active.set_keepalive(KEEPALIVE_S)
                 self._client, self._sftp = client, client.open_sftp()
             return self._sftp
 
@@ -107,23 +182,13 @@ class SshStore:
         """Run a command on the remote host; its stdout (a non-zero exit is an error)."""
         self.sftp()
         assert self._client is not None
-        command = shlex.join(argv)
-        _, stdout, stderr = self._client.exec_command(command, timeout=COMMAND_TIMEOUT_S)
-        out = stdout.read().decode()
-        status = stdout.channel.recv_exit_status()
-        if status != 0:
-            raise LayerError(f"`{command}` exited {status}: {stderr.read().decode()[:300]}")
-        return out
+        return run_command(self._client, argv)
 
     def remote_sha256(self, paths: list[str]) -> dict[str, str]:
         """sha256 of each remote file, computed on the remote host."""
-        if not paths:
-            return {}
-        digests = {}
-        for line in self.run(["sha256sum", "--", *paths]).splitlines():
-            digest, _, name = line.partition("  ")
-            digests[name] = digest
-        return digests
+        self.sftp()
+        assert self._client is not None
+        return remote_sha256(self._client, paths)
 
     def _size(self, path: str) -> int | None:
         try:
@@ -141,6 +206,11 @@ class SshStore:
     def list_checkpoints(self) -> dict[CheckpointRef, bool]:
         """Checkpoint directories under the root, and whether their manifest is there."""
         found = {}
+        for name in self._dirs(self.root):
+            step = parse_step_dirname(name)
+            if step is not None:
+                ref = CheckpointRef(step, LEGACY)
+                found[ref] = self._size(self._path(f"{ref.path}/{MANIFEST_FILENAME}")) is not None
         for run in self._dirs(self.root):
             for attempt in self._dirs(self._path(run)):
                 origin = parse_origin(run, attempt)
@@ -249,18 +319,13 @@ def open_ssh(
     config: LayerConfig, credentials: Credentials, origin: Origin | None = None
 ) -> RemoteLayer:
     """The layer of an `ssh://[user@]host[:port]/path` URI, shipping for `origin`."""
-    uri = urlparse(config.uri)
-    if not uri.hostname or not uri.path:
-        raise LayerError(f"{config.name}: {config.uri} needs a host and a path")
-    key_file = credentials.file(SECRET_KEY_SSH_PRIVATE_KEY)
-    if key_file is None:
-        raise LayerError(f"{config.name}: the Secret has no {SECRET_KEY_SSH_PRIVATE_KEY}")
+    target = ssh_target(config.uri, credentials, config.name)
     store = SshStore(
-        uri.hostname,
-        uri.port or DEFAULT_PORT,
-        uri.username,
-        uri.path,
-        key_file,
-        credentials.file(SECRET_KEY_SSH_KNOWN_HOSTS),
+        target.host,
+        target.port,
+        target.username,
+        target.root,
+        target.key_file,
+        target.known_hosts,
     )
     return RemoteLayer(config, store, credentials, origin)

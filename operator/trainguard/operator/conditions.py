@@ -83,7 +83,8 @@ class Observed:
     node: str | None = None
     restarts: int = 0
     started: bool = False
-    # The agent's signals; None keeps what the status holds (no Lease read this cycle).
+    # The agent's signals; None keeps what the status holds (no Lease read this cycle, or not
+    # renewed yet by this attempt's agent), but a verdict only within one attempt (`advance`).
     verdict: Verdict | None = None
     step: int | None = None
     checkpoint_step: int | None = None
@@ -173,7 +174,12 @@ def advance(
     generation: int | None,
     now: datetime,
 ) -> TrainingRunStatus:
-    """The next status: the state's conditions, the derived phase, the observed fields."""
+    """The next status: the state's conditions, the derived phase, the observed fields.
+
+    A verdict describes one pod: a new attempt starts without one (a rescheduled run does not
+    show its sick node's `GhostMemory`; `lastFailure` keeps it) until its own agent reports.
+    The steps and the layers' checkpoints are the run's progress: they carry over.
+    """
     conditions: list[Condition] = list(old.conditions)
     for kind, holds in state.truth().items():
         status = ConditionStatus.TRUE if holds else ConditionStatus.FALSE
@@ -195,7 +201,8 @@ def advance(
             "attempt": observed.attempt,
             "node": observed.node,
             "restarts": observed.restarts,
-            "verdict": observed.verdict or old.verdict,
+            "verdict": observed.verdict
+            or (old.verdict if observed.attempt == old.attempt else None),
             "step": old.step if observed.step is None else observed.step,
             "checkpoint_step": (
                 old.checkpoint_step

@@ -1,6 +1,7 @@
 """kopf registrations of the operator, and nothing else: each handler hands one run to a cycle.
 
-- `configure` (startup): kopf's settings, the API client, the periodic resync.
+- `configure` (startup): kopf's settings, the API client, the periodic resync; cycles tell
+  the detection latencies they time to `metrics` (importing it registers its watch too).
 - `login`: kopf's own connection, with the same credentials as the API client.
 - `run_pods` / `runs` (indexes): a run's pods and the runs themselves, kept in memory from
   the watches, so a cycle lists nothing.
@@ -47,6 +48,7 @@ from trainguard.operator.k8s.leases import lease_view
 from trainguard.operator.k8s.nodehealth import NodeChecks, health_pass
 from trainguard.operator.k8s.pods import pod_view
 from trainguard.operator.k8s.reconcile import Outcome, Settings, reconcile
+from trainguard.operator.metrics import METRICS
 from trainguard.operator.policies import initsteps, signals
 from trainguard.operator.policies.lifecycle import PodView
 from trainguard.operator.policies.signals import LeaseView
@@ -102,7 +104,9 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any
         config.node_recheck_seconds,
         instance=config.instance,
     )
-    memo.settings = Settings(config.agent_image, config.network, config.instance, node_checks)
+    memo.settings = Settings(
+        config.agent_image, config.network, config.instance, node_checks, METRICS.detected
+    )
     memo.records = RunRecords()
     memo.loop = asyncio.get_running_loop()
     memo.booked = set()

@@ -1,10 +1,19 @@
 """Prometheus metrics of the operator, derived from the TrainingRun statuses it writes.
 
 The metrics watch runs the way any client does (a kopf event handler on TrainingRuns), so
-they need no hook inside the reconcile loop and count exactly what `kubectl get tr` and
-Argo CD see. Counters move on changes between two statuses of the same run; the first
-status seen of a run (operator start) is a baseline, so a restart of the operator does not
-count a run's history again. Gauges are computed at scrape time from the latest statuses.
+they count exactly what `kubectl get tr` and Argo CD see. Counters move on changes between
+two statuses of the same run; the first status seen of a run (operator start) is a
+baseline, so a restart of the operator does not count a run's history again. Gauges are
+computed at scrape time from the latest statuses.
+
+The detection latency is the exception (a status keeps times to the second and reaches the
+watch after the write): the cycle reports it (`Settings.detected`) at the apiserver's answer
+to the status write that records a failure, timed from the failure's first sight, the
+agent's verdict start (`verdict-since`) or, for `LeaseExpired`, the Lease's expiry
+(`renewTime + leaseDurationSeconds`). Those are the agent's clock, the write the operator's:
+skew that puts the start after the write reads 0. A failed pod (`PodFailed`,
+`PreflightFailed`) has no such start and is not observed (`failures.detection_seconds`).
+The record is written once, so each failure is observed once.
 
 | metric | type | labels |
 |---|---|---|
@@ -53,7 +62,7 @@ log = logging.getLogger(__name__)
 ENV_METRICS_PORT = "TRAINGUARD_METRICS_PORT"
 METRICS_ADDRESS = "0.0.0.0"
 PREFIX = "trainguard"
-# Death to status: the target is 2 s median and 5 s p99 (DESIGN), the anchors minutes.
+# First sight to status: the target is 2 s median and 5 s p99 (DESIGN), the anchors minutes.
 LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 1200.0)
 # kopf's watch event type of a deleted object.
 DELETED = "DELETED"
@@ -84,7 +93,8 @@ class Metrics(Collector):
         )
         self.detection = Histogram(
             f"{PREFIX}_detection_latency_seconds",
-            "From a failure's time (status.lastFailure.time) to the status reporting it.",
+            "From a failure's first sight (the agent's verdict start; for LeaseExpired, the "
+            "Lease's expiry) to the status write recording it; clock skew below 0 reads 0.",
             ["namespace"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
@@ -100,29 +110,28 @@ class Metrics(Collector):
         )
         registry.register(self)
 
-    def observe(self, key: RunKey, status: TrainingRunStatus, now: datetime) -> None:
+    def observe(self, key: RunKey, status: TrainingRunStatus) -> None:
         """Take in a run's status: count what changed since the last one seen."""
         with self._lock:
             previous = self._runs.get(key)
             self._runs[key] = status
         if previous is not None:
-            self._count(key[0], previous, status, now)
+            self._count(key[0], previous, status)
+
+    def detected(self, namespace: str, seconds: float) -> None:
+        """A failure recorded in a run's status, `seconds` after its first sight."""
+        self.detection.labels(namespace).observe(seconds)
 
     def forget(self, key: RunKey) -> None:
         """Drop a deleted run from the gauges."""
         with self._lock:
             self._runs.pop(key, None)
 
-    def _count(
-        self, namespace: str, old: TrainingRunStatus, new: TrainingRunStatus, now: datetime
-    ) -> None:
+    def _count(self, namespace: str, old: TrainingRunStatus, new: TrainingRunStatus) -> None:
         if new.verdict is not None and new.verdict != old.verdict:
             self.verdicts.labels(namespace, new.verdict).inc()
         failure = new.last_failure
         new_failure = failure is not None and failure != old.last_failure
-        if failure is not None and new_failure:
-            latency = (now - failure.time).total_seconds()
-            self.detection.labels(namespace).observe(max(latency, 0.0))
         action = state_reason(new)
         if action is not None and action != state_reason(old):
             cause = failure.cause if failure is not None and new_failure else NO_FAILURE
@@ -219,4 +228,4 @@ def run_event(
         # A status the operator did not write (or an older schema): not worth a failed event.
         log.debug("metrics skip %s/%s: %s", key[0], key[1], err)
         return
-    METRICS.observe(key, status, datetime.now(UTC))
+    METRICS.observe(key, status)

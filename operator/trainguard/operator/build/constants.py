@@ -38,6 +38,8 @@ class Volume:
 
     DATA = "data"
     DATA_SOURCE = "data-source"
+    # Not `credentials-<name>`: no remote layer's name can make its volume collide with it.
+    DATA_SOURCE_CREDENTIALS = "data-source-credentials"
     L1 = "l1"
     STATE = "state"
     LOGS = "logs"
@@ -51,6 +53,7 @@ CREDENTIALS_VOLUME_PREFIX = "credentials-"
 # Fixed paths inside a training pod (the spec chooses the data and L1 mount paths).
 LOG_DIR = "/trainguard/logs"
 DATA_SOURCE_DIR = "/trainguard/source"
+DATA_SOURCE_CREDENTIALS_DIR = "/trainguard/source-credentials"
 CREDENTIALS_DIR = "/trainguard/credentials"
 # Where in-cluster clients look for the service account's token and the cluster's CA: the
 # agent's container alone mounts them there (the pod does not automount its token).

@@ -10,7 +10,8 @@ step only, never into the trainer.
 
 Credentials only where they are needed: the pod does not automount its service account's
 token; the agent alone mounts it (a projected volume), so the trainer, the user's own code,
-holds no Kubernetes credentials and cannot write the verdict the operator acts on. The
+holds no Kubernetes credentials and cannot write the verdict the operator acts on. A layer's
+Secret is mounted into the agent and the restore step, the data source's into `stage-data`. The
 companion containers (agent, init steps) run with read-only root file systems and a small
 scratch volume at /tmp; the trainer's root stays writable (user code writes caches there).
 """
@@ -43,6 +44,7 @@ from trainguard.operator.build.constants import (
     API_TOKEN_SECONDS,
     CREDENTIALS_DIR,
     CREDENTIALS_VOLUME_PREFIX,
+    DATA_SOURCE_CREDENTIALS_DIR,
     DATA_SOURCE_DIR,
     INIT_CPU,
     INIT_MEMORY,
@@ -70,7 +72,8 @@ from trainguard.operator.build.sizing import DiskSizes, disk_sizes, mebibytes
 # trainer prune a checkpoint the restore step wrote.
 POD_FS_GROUP = 65532
 # A layer's Secret: root-owned, readable by the pod's group, in the containers that mount it
-# (the agent and the restore step; never the trainer).
+# (the agent and the restore step; never the trainer). The data source's Secret likewise, in
+# the stage-data step only.
 SECRET_MODE = 0o440
 # Node affinity on the node's name, not its hostname label, which may differ from it.
 NODE_NAME_FIELD = "metadata.name"
@@ -199,15 +202,12 @@ def _layer_mount_path(layer: RemoteLayer) -> str:
     return layer.uri.removeprefix(FILE_URI_PREFIX)
 
 
-def _restricted(add: tuple[str, ...] = (), read_only_root: bool = True) -> dict[str, Any]:
-    capabilities: dict[str, Any] = {"drop": ["ALL"]}
-    if add:
-        capabilities["add"] = list(add)
+def _restricted(read_only_root: bool = True) -> dict[str, Any]:
     return {
         "allowPrivilegeEscalation": False,
         "runAsNonRoot": True,
         "readOnlyRootFilesystem": read_only_root,
-        "capabilities": capabilities,
+        "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 
@@ -276,8 +276,6 @@ def _small(cpu: str, memory: str, memory_limit: str) -> dict[str, Any]:
 
 
 def _agent(spec: TrainingRunSpec, image: str, contract: PodEnv) -> dict[str, Any]:
-    # py-spy needs ptrace: an opt-in that the restricted Pod Security profile forbids.
-    add = ("SYS_PTRACE",) if spec.monitor.py_spy else ()
     return {
         "name": Container.AGENT,
         "image": image,
@@ -285,7 +283,7 @@ def _agent(spec: TrainingRunSpec, image: str, contract: PodEnv) -> dict[str, Any
         "restartPolicy": "Always",
         "env": _with_credentials(spec, contract),
         "resources": _small(AGENT_CPU, AGENT_MEMORY, AGENT_MEMORY_LIMIT),
-        "securityContext": _restricted(add),
+        "securityContext": _restricted(),
         "volumeMounts": [
             _l1_mount(spec),
             _state_mount(),
@@ -336,11 +334,17 @@ def _init_steps(spec: TrainingRunSpec, image: str, contract: PodEnv) -> list[dic
     if data is not None and data.stage:
         # The state volume carries its progress report to the agent, and on to the status.
         mounts = [_mount(Volume.DATA, data.mount_path), _state_mount()]
+        stage_env = env_common
         if data.source.pvc is not None:
             mounts.append(
                 _mount(Volume.DATA_SOURCE, DATA_SOURCE_DIR, True, data.source.pvc.sub_path)
             )
-        steps.append(_init_step(Container.STAGE_DATA, image, env_common, mounts))
+        if data.source.credentials_secret is not None:
+            # Only this step reads the source, so only it mounts the Secret and learns where.
+            mounts.append(_mount(Volume.DATA_SOURCE_CREDENTIALS, DATA_SOURCE_CREDENTIALS_DIR, True))
+            secrets = Path(DATA_SOURCE_CREDENTIALS_DIR)
+            stage_env = contract.model_copy(update={"data_secrets": secrets}).env_vars()
+        steps.append(_init_step(Container.STAGE_DATA, image, stage_env, mounts))
     if spec.checkpoints.remote or spec.checkpoints.l1.storage.local_volume is not None:
         steps.append(
             _init_step(
@@ -447,6 +451,14 @@ def _volumes(spec: TrainingRunSpec, sizes: DiskSizes) -> list[dict[str, Any]]:
             volumes.insert(0, {"name": Volume.DATA, **_empty_dir(sizes.data)})
             if pvc is not None:
                 volumes.append({"name": Volume.DATA_SOURCE, **_claim(pvc.claim_name, True)})
+            secret = data.source.credentials_secret
+            if secret is not None:
+                volumes.append(
+                    {
+                        "name": Volume.DATA_SOURCE_CREDENTIALS,
+                        "secret": {"secretName": secret.name, "defaultMode": SECRET_MODE},
+                    }
+                )
         elif pvc is not None:
             volumes.insert(0, {"name": Volume.DATA, **_claim(pvc.claim_name, True)})
     for layer in _remote_claims(spec):

@@ -1,9 +1,11 @@
 """Local disk sizing of a training pod, so the scheduler only picks a node that fits.
 
 ephemeral-storage request = staged data + L1 + margin, where L1 on an emptyDir holds
-keepLast + 1 checkpoints (the kept ones and the one being written) and the margin covers
-the logs volume, the containers' writable layers and a fixed slack plus a fraction of the
-rest. A checkpoint's size comes from `spec.checkpoints.size`, else from the model's
+keepLast + 1 checkpoints (the kept ones and the one being written) plus, with remote layers,
+one per checkpoint the agent ships at once (at most `MAX_PINNED`: a checkpoint pinned for its
+upload outlives its removal by keep-last-N until the upload ends, `trainguard.ckpt.pin`), and
+the margin covers the logs volume, the containers' writable layers and a fixed slack plus a
+fraction of the rest. A checkpoint's size comes from `spec.checkpoints.size`, else from the model's
 parameter count (full checkpoints: about 16 bytes per parameter).
 """
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 from trainguard.api import TrainingRunSpec
 from trainguard.api.quantity import quantity_bytes
+from trainguard.ckpt import room_in_checkpoints
 from trainguard.operator.build.constants import (
     BYTES_PER_PARAMETER_FULL,
     LOG_VOLUME_BYTES,
@@ -51,7 +54,8 @@ def _l1_bytes(spec: TrainingRunSpec, checkpoint: int | None) -> int | None:
         return quantity_bytes(storage.empty_dir.size_limit)
     if checkpoint is None:
         return None
-    return (spec.checkpoints.l1.keep_last + 1) * checkpoint
+    l1 = spec.checkpoints.l1
+    return room_in_checkpoints(l1.keep_last, len(spec.checkpoints.remote)) * checkpoint
 
 
 def _staged_data_bytes(spec: TrainingRunSpec) -> int | None:

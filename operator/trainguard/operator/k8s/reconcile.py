@@ -14,7 +14,7 @@ Every step is idempotent, so a crash anywhere is repaired by the next cycle.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -76,6 +76,9 @@ class Settings:
     network: NetworkList
     instance: str
     node_checks: NodeChecks
+    # Told (namespace, seconds) when a status write records a failure whose first sight a
+    # clock says (`failures.detection_seconds`): the detection latency metric.
+    detected: Callable[[str, float], None] | None = None
 
 
 def companions(run: TrainingRun) -> list[dict[str, Any]]:
@@ -121,11 +124,15 @@ def reconcile(
     namespace = run.metadata.namespace or ""
     # A Secret that does not exist shows only in the pod's Events: read while its volumes wait.
     pods = with_mount_failures(kube, namespace, tuple(pods))
-    recorded, warnings = escalate(kube, run, pods, lease, settings.node_checks)
-    if recorded is not None:
+    recorded, warnings, found = escalate(kube, run, pods, lease, settings.node_checks)
+    if recorded is not None and found is not None:
         # The record is stored before the ladder acts (the pod deleted below), so an operator
         # restarted in between neither counts the failure twice nor forgets to act on it.
         apply_status(kube, run.metadata, recorded)
+        # Timed at the apiserver's answer: from here on the status tells the failure.
+        latency = failures.detection_seconds(found, datetime.now(UTC))
+        if latency is not None and settings.detected is not None:
+            settings.detected(namespace, latency)
         old = recorded
         run = run.model_copy(update={"status": recorded})
     desired = spec_hash(run.spec)
@@ -183,18 +190,18 @@ def escalate(
     pods: tuple[PodView, ...],
     lease: LeaseView | None,
     node_checks: NodeChecks,
-) -> tuple[TrainingRunStatus | None, list[EventSpec]]:
+) -> tuple[TrainingRunStatus | None, list[EventSpec], failures.Found | None]:
     """Find a new failure of the current attempt and climb the escalation ladder.
 
     Returns the status with the failure and the decision recorded (None when there is no new
-    failure) and the Warning Event that tells it. Reporting the node (suspect, or tainted:
-    `k8s.nodehealth`, per the taint policy) happens here; deleting the pod is the lifecycle's,
-    from the recorded status (`lifecycle.moving_off`, Failed).
+    failure), the Warning Event that tells it, and the failure found. Reporting the node
+    (suspect, or tainted: `k8s.nodehealth`, per the taint policy) happens here; deleting the
+    pod is the lifecycle's, from the recorded status (`lifecycle.moving_off`, Failed).
     """
     status = run.status or TrainingRunStatus()
     current = next((p for p in pods if p.attempt == status.attempt and not p.deleting), None)
     if current is None or lifecycle.given_up(status):
-        return None, []
+        return None, [], None
     now = datetime.now(UTC)
     ready: bool | None = True
     if lease is not None and lease.holder == current.name and signals.expired(lease, now):
@@ -202,10 +209,12 @@ def escalate(
     seen = failures.Observation(status.attempt, current, lease, ready, now)
     found = failures.detect(status, seen)
     if found is None:
-        return None, []
+        return None, [], None
     decision = ladder.decide(found.failure, failures.history(status, found), run.spec.recovery)
     generation = run.metadata.generation
-    recorded = failures.record(status, found, decision, status.attempt, generation, now)
+    recorded = failures.record(
+        status, found, decision, status.attempt, generation, now, run.spec.recovery.backoff
+    )
     if decision.taint_node and found.node is not None:
         reporter = f"run {run.metadata.namespace}/{run.metadata.name} (attempt {status.attempt})"
         report_node(kube, node_checks, found.node, found.failure.cause, reporter, now)
@@ -218,7 +227,7 @@ def escalate(
         decision.action,
     )
     message = shorten_bytes(f"{decision.message}; evidence: {found.message}", 900)
-    return recorded, [EventSpec(found.failure.cause, message, warning=True)]
+    return recorded, [EventSpec(found.failure.cause, message, warning=True)], found
 
 
 def _with_signals(

@@ -1,16 +1,20 @@
 """Restart back-off, pure: how long a run waits before its next restart (`spec.recovery.backoff`).
 
-The n-th restart of a run waits `initialSeconds * 2^(n-1)`, capped at `maxSeconds`. Both
+The n-th restart waits `initialSeconds * 2^(n-1)`, capped at `maxSeconds`, where n counts
+the restarts since the run last ran `resetAfterSeconds` after a restart before failing again
+(`status.backoffRestarts`): like the kubelet's crash-loop back-off, a run that trained a while
+starts over at the first delay instead of paying for every failure of its life. Both
 restarts the operator makes and those the supervisor makes in place follow it: the
 supervisor reads the run's `spec.recovery` from the env contract (`TRAINGUARD_RECOVERY`) and
-waits the same delays between training processes; the operator holds the next attempt of a
-rescheduled run until the delay since the recorded failure has passed.
+waits the same delays between training processes, timing each process it ran; the operator
+holds the next attempt of a rescheduled run until the delay since the recorded failure has
+passed, and takes the run as restarted when the delay after its last failure ended.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Reason
@@ -29,13 +33,29 @@ def delay(backoff: Backoff, restart: int) -> float:
     return float(min(backoff.max_seconds, doubled))
 
 
+def streak(status: TrainingRunStatus, backoff: Backoff, now: datetime) -> int:
+    """Restarts the back-off counts before the one a failure at `now` asks for.
+
+    The run restarted when the delay after its last failure ended; one that then ran
+    `resetAfterSeconds` before this failure starts over (0). A hang counts as running until
+    it is detected, as a crash loop's running time does for the kubelet.
+    """
+    last = status.last_failure
+    if last is None:
+        return 0
+    restarted = last.time + timedelta(seconds=delay(backoff, status.backoff_restarts))
+    if (now - restarted).total_seconds() >= backoff.reset_after_seconds:
+        return 0
+    return status.backoff_restarts
+
+
 def remaining(status: TrainingRunStatus, backoff: Backoff, now: datetime) -> float:
     """Seconds still to wait before the restart that follows the recorded failure."""
     last = status.last_failure
-    if last is None or status.restarts <= 0:
+    if last is None:
         return 0.0
     waited = (now - last.time).total_seconds()
-    return max(0.0, delay(backoff, status.restarts) - waited)
+    return max(0.0, delay(backoff, status.backoff_restarts) - waited)
 
 
 def hold(

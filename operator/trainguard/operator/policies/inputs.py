@@ -94,12 +94,19 @@ def image_pull(pod: PodView) -> Waiting | None:
 
 
 def _secret_use(spec: TrainingRunSpec, secret: str) -> str:
+    uses = []
+    data = spec.data
+    source_secret = data.source.credentials_secret if data is not None else None
+    if source_secret is not None and source_secret.name == secret:
+        uses.append("the data source")
     layers = [
         layer.name
         for layer in spec.checkpoints.remote
         if layer.credentials_secret is not None and layer.credentials_secret.name == secret
     ]
-    return f" (credentials of remote layer {', '.join(layers)})" if layers else ""
+    if layers:
+        uses.append(f"remote layer {', '.join(layers)}")
+    return f" (credentials of {' and '.join(uses)})" if uses else ""
 
 
 def _claim_use(spec: TrainingRunSpec, claim: str) -> str:

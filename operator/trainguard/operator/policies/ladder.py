@@ -8,7 +8,9 @@
   keeping the node.
 - A failure within `recovery.sameStepWindow` steps of the previous one: condition
   RepeatedFailureAtStep, then stop or continue per `recovery.onRepeatedFailure`.
-- More than `recovery.maxRestarts` restarts: Failed.
+- More than `recovery.maxRestarts` restarts in a row without progress (no verified checkpoint
+  newer than the one of the previous failure): Failed. A run that keeps saving newer
+  checkpoints between its failures keeps going however many it has.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class Failure:
 class History:
     """What the run's status remembers of earlier failures."""
 
-    restarts: int
+    restarts_without_progress: int  # before this failure; 0 when it made progress since the last
     in_place_restarts: int
     last_failure_step: int | None
 
@@ -81,13 +83,13 @@ def decide(failure: Failure, history: History, recovery: Recovery) -> Decision:
     """Choose the action for one failure."""
     repeated = is_repeated(failure, history, recovery.same_step_window)
     where = f"at step {failure.step}" if failure.step is not None else "before any step"
-    if history.restarts + 1 > recovery.max_restarts:
+    if history.restarts_without_progress + 1 > recovery.max_restarts:
         return Decision(
             Action.FAIL,
             False,
             Reason.MAX_RESTARTS_EXCEEDED,
-            f"{failure.cause} {where}: {history.restarts} restarts already, "
-            f"maxRestarts is {recovery.max_restarts}",
+            f"{failure.cause} {where}: {history.restarts_without_progress} restarts already "
+            f"without a newer verified checkpoint, maxRestarts is {recovery.max_restarts}",
             repeated,
         )
     if repeated and recovery.on_repeated_failure is OnRepeatedFailure.STOP:

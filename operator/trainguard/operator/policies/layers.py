@@ -2,8 +2,11 @@
 
 The agent renews the heartbeat Lease with one JSON object per remote layer under
 `trainguard.dev/layers` (see `trainguard.agent.shipper.LayerState`): the newest step verified
-on the layer, the upload in progress and its bytes, the last error. The status keeps the
-newest checkpoint of each layer (`status.checkpoints`) with the shipping state. A new pod's
+on the layer, the upload in progress and its bytes (or the failed one and its error), and how
+many checkpoints this agent shipped there and how many it skipped because a newer one
+superseded them. The status keeps the
+newest checkpoint of each layer (`status.checkpoints`) with the shipping state: a layer whose
+uploads fail shows `Failed` with the step and the error even before it verified any. A new pod's
 agent starts knowing nothing of what an earlier attempt shipped:
 `trainguard.operator.conditions` merges a report into what the status holds.
 """
@@ -39,6 +42,8 @@ def _layer(name: str, report: dict[str, object]) -> LayerCheckpoint | None:
             bytes_done=_count(report.get("bytes_done")),
             bytes_total=_count(report.get("bytes_total")),
             message=str(error) if error else None,
+            shipped=_count(report.get("shipped")),
+            skipped=_count(report.get("skipped")),
         )
     try:
         return LayerCheckpoint(layer=name, step=step, verified=step is not None, shipping=shipping)

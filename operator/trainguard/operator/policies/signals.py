@@ -9,7 +9,7 @@ status within about a second instead of at the next resync).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Reason, Verdict
@@ -85,8 +85,14 @@ def urgent(lease: LeaseView | None, status: TrainingRunStatus) -> bool:
     return lease.verdict != status.verdict or not handled
 
 
+def expiry(lease: LeaseView | None) -> datetime | None:
+    """When a Lease the agent renewed at least once expires: its last renewal plus its duration."""
+    if lease is None or lease.renewed is None or lease.duration_seconds is None:
+        return None
+    return lease.renewed + timedelta(seconds=lease.duration_seconds)
+
+
 def expired(lease: LeaseView | None, now: datetime) -> bool:
     """Whether a Lease the agent renewed at least once has not been renewed within its duration."""
-    if lease is None or lease.renewed is None or lease.duration_seconds is None:
-        return False
-    return (now - lease.renewed).total_seconds() > lease.duration_seconds
+    end = expiry(lease)
+    return end is not None and now > end

@@ -1,0 +1,178 @@
+"""A script without the harness under `trainguard supervise`, watched by the real agent.
+
+The script never writes a heartbeat: the agent learns its PID from the supervisor's state
+file and judges it by presence and by the GPU readings the supervisor publishes (simulated
+here), never by step. The Lease and Events go to a recorder standing in for the API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainguard.agent.main import Agent
+from trainguard.api import constants
+from trainguard.contract import env
+from trainguard.contract.env import PodEnv
+from trainguard.contract.files import read_supervised_child
+from trainguard.gpu import SIMULATED_PROCESS_MIB
+from trainguard_dev.testing.polling import eventually
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+PLAIN_SCRIPT = "import time; time.sleep(600)"
+
+
+class Recorder:
+    """Takes the agent's Lease renewals and Events."""
+
+    def __init__(self) -> None:
+        self.renewals: list[dict[str, str]] = []
+        self.events: list[tuple[str, str, bool]] = []
+
+    def renew(self, duration: int, annotations: dict[str, str]) -> None:
+        self.renewals.append(annotations)
+
+    def event(self, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append((reason, message, warning))
+
+    def evidence(self) -> dict[str, Any]:
+        evidence: dict[str, Any] = json.loads(self.renewals[-1][constants.ANNOTATION_EVIDENCE])
+        return evidence
+
+
+class Pod:
+    """The state volume, L1 and the GPU simulator of one training pod, on local directories."""
+
+    def __init__(self, root: Path) -> None:
+        self.state, self.l1, self.sim = root / "state", root / "l1", root / "gpu-sim.json"
+        self.state.mkdir()
+        self.l1.mkdir()
+        self.environ = {env.STATE_DIR: str(self.state), env.L1_DIR: str(self.l1)}
+        self.pod = PodEnv.from_env(self.environ)
+        self.supervisor: subprocess.Popen[bytes] | None = None
+
+    def supervise(self, *options: str) -> int:
+        """Start `trainguard supervise [options] -- python -c PLAIN_SCRIPT`; the script's PID."""
+        environ = {**os.environ, **self.environ, env.GPU_SIMULATION: str(self.sim)}
+        command = [
+            sys.executable, "-m", "trainguard.cli.main", "supervise", *options,
+            "--", sys.executable, "-c", PLAIN_SCRIPT,
+        ]  # fmt: skip
+        self.supervisor = subprocess.Popen(command, env=environ)
+        return self.child()
+
+    def child(self, other_than: int | None = None) -> int:
+        """The PID of the process the supervisor runs (a new one, with `other_than`)."""
+
+        def running() -> int | None:
+            child = read_supervised_child(self.pod.supervisor_file)
+            return child if child != other_than else None
+
+        return eventually(running, 20, "the supervisor to run the script", 0.05)
+
+    def agent(self, **monitor: Any) -> tuple[Agent, Recorder]:
+        """The pod's agent, its monitor settings as in `spec.monitor`."""
+        monitor_env = {env.MONITOR: json.dumps({"startupGraceSeconds": 0, **monitor})}
+        recorder = Recorder()
+        return Agent({**self.environ, **monitor_env}, recorder), recorder
+
+    def stop(self) -> None:
+        if self.supervisor is not None and self.supervisor.poll() is None:
+            self.supervisor.send_signal(signal.SIGTERM)  # forwarded to the script
+            try:
+                self.supervisor.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.supervisor.kill()
+                self.supervisor.wait(timeout=10)
+
+
+@pytest.fixture
+def pod(tmp_path: Path) -> Iterator[Pod]:
+    made = Pod(tmp_path)
+    yield made
+    made.stop()
+
+
+def verdict_becomes(loop: Agent, name: str, timeout: float = 10) -> None:
+    seen: list[str] = []
+
+    def reached() -> bool:
+        seen.append(loop.step().name)
+        return seen[-1] == name
+
+    eventually(reached, timeout, f"the verdict {name}", 0.2, detail=lambda: seen)
+
+
+def healthy_on_the_gpu(loop: Agent, api: Recorder) -> None:
+    """Wait until the agent finds the script Healthy in a GPU reading taken while it runs."""
+
+    def seen() -> bool:
+        verdict = loop.step().name
+        return verdict == "Healthy" and api.evidence()["gpu_used_mib"] != "0.0"
+
+    eventually(seen, 10, "a Healthy verdict with the script's GPU memory", 0.2)
+
+
+def test_a_plain_script_is_healthy_by_presence_then_dead_when_killed(pod: Pod) -> None:
+    script = pod.supervise("--backoff", "1")
+    loop, api = pod.agent(hangAfterSeconds=2, slowAfterSeconds=1)
+    healthy_on_the_gpu(loop, api)
+    assert loop.collector.pid == script
+    assert loop.verdict is not None
+    assert loop.verdict.reason.startswith("alive, running without the harness: no step signal")
+    assert api.renewals[-1][constants.ANNOTATION_STEP] == ""
+    evidence = api.evidence()
+    assert evidence["heartbeat"] == "none" and evidence["alive"] == "true"
+    assert evidence["gpu_used_mib"] == f"{SIMULATED_PROCESS_MIB:.1f}"  # the script's alone
+    # Well past the hang bound, with no step ever: still Healthy, never Hung.
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        assert loop.step().name == "Healthy"
+        time.sleep(0.2)
+    assert not pod.pod.heartbeat.exists()
+
+    os.kill(script, signal.SIGKILL)
+    verdict_becomes(loop, "Dead", timeout=5)
+    assert api.renewals[-1][constants.ANNOTATION_VERDICT] == "Dead"
+    dead_since = api.renewals[-1][constants.ANNOTATION_VERDICT_SINCE]
+    assert [e[0] for e in api.events] == ["VerdictDead"]
+
+    # The supervisor restarts it in place: the new process is watched from its start.
+    restarted = pod.child(other_than=script)
+    verdict_becomes(loop, "Healthy")
+    assert loop.collector.pid == restarted
+    assert api.renewals[-1][constants.ANNOTATION_VERDICT_SINCE] != dead_since
+
+
+@pytest.mark.parametrize(("ghost_mib", "expected"), [(0, "Dead"), (1500, "GhostMemory")])
+def test_the_memory_a_killed_plain_script_leaves_is_judged(
+    pod: Pod, ghost_mib: float, expected: str
+) -> None:
+    # Memory no process accounts for, under the ghost threshold: no verdict while it runs.
+    pod.sim.write_text(json.dumps({"ghost_mib": ghost_mib}))
+    script = pod.supervise("--backoff", "60")  # no restart within the test
+    loop, api = pod.agent(ghostMemory={"releaseTimeoutSeconds": 2})
+    healthy_on_the_gpu(loop, api)
+    os.kill(script, signal.SIGKILL)
+    verdict_becomes(loop, "Dead", timeout=5)
+    # Past the release bound: released memory leaves it Dead, held memory is the node's fault.
+    time.sleep(2.5)
+    verdict_becomes(loop, expected, timeout=5)
+    evidence = api.evidence()
+    assert evidence["heartbeat"] == "none"
+    if expected == "GhostMemory":
+        assert evidence[constants.EVIDENCE_CAUSE] == "GPUMemoryNotReleased"
+        assert "1500 MiB still held" in evidence["reason"]
+    else:
+        assert constants.EVIDENCE_CAUSE not in evidence
+        assert evidence["gpu_used_mib"] == "0.0"
