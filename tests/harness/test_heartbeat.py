@@ -43,6 +43,7 @@ def test_fields_and_first_write(tmp_path: Path) -> None:
     assert set(record) == {
         hb.PID, hb.STEP, hb.TIME, hb.PHASE, hb.TOKENS_PER_S, hb.LOSS, hb.MEMORY_ALLOCATED,
         hb.MEMORY_RESERVED, hb.LAST_CHECKPOINT_STEP, hb.CHECKPOINT_ERROR, hb.CHECKPOINT_STALL_S,
+        hb.INVALID_CHECKPOINTS,
     }  # fmt: skip
     assert record[hb.PID] == os.getpid() and record[hb.STEP] == 7
     assert record[hb.MEMORY_ALLOCATED] == 1024 and record[hb.MEMORY_RESERVED] == 4096

@@ -16,6 +16,7 @@ import pytest
 import torch
 from harness_helpers import fill_until_free
 
+from trainguard.agent.signals import read_heartbeat
 from trainguard.ckpt import Contents, copy_checkpoint, scan
 from trainguard_dev.testing.polling import eventually
 from trainguard_harness import heartbeat as hb
@@ -219,3 +220,84 @@ def test_component_names_must_be_file_names(tmp_path: Path) -> None:
     for name in ("rng", "../x", "", "a b"):
         with pytest.raises(ValueError):
             TrainingSession({name: Counter()}, settings_for(tmp_path), handle_sigterm=False)
+
+
+def _findings(root: Path) -> list[dict[str, Any]]:
+    """The invalid checkpoints the heartbeat lists, as the agent reads them."""
+    beat = read_heartbeat(root / "state" / "heartbeat.json")
+    assert beat is not None
+    return [finding.to_dict() for finding in beat.invalid_checkpoints]
+
+
+def test_keep_last_n_keeps_an_invalid_checkpoint_and_the_heartbeat_tells_it_once(
+    tmp_path: Path,
+) -> None:
+    session, model, counter = make_session(tmp_path, every_steps=1, keep_last=1)
+    session.resume()
+    session.end_step(1)
+    session.writer.wait()
+    first = tmp_path / "l1" / "step-00000001"
+    (first / "model.safetensors").write_bytes(b"torn")
+    for step in (2, 3):
+        train_step(session, model, counter)
+        session.end_step(step)
+    session.close()
+    # Keep-last-1 removed 2 when 3 verified, never the invalid 1: kept, and reported.
+    assert [v.step for v in scan(tmp_path / "l1").valid] == [3]
+    assert first.is_dir()
+    [finding] = _findings(tmp_path)
+    assert (finding["layer"], finding["step"], finding["file"], finding["found"]) == (
+        "l1",
+        1,
+        "model.safetensors",
+        "Scan",
+    )
+    assert finding["reason"].startswith("size 4 != ")
+
+
+def test_a_checkpoint_skipped_at_resume_is_told_with_its_file_and_reason(tmp_path: Path) -> None:
+    session, model, counter = make_session(tmp_path, every_steps=1, keep_last=2)
+    session.resume()
+    for step in (1, 2):
+        train_step(session, model, counter)
+        session.end_step(step)
+    session.close()
+    newest = tmp_path / "l1" / "step-00000002" / "optimizer.safetensors"
+    data = bytearray(newest.read_bytes())
+    data[-1] ^= 0x01
+    newest.write_bytes(bytes(data))
+    resumed, _, _ = make_session(tmp_path, every_steps=1, keep_last=2)
+    assert resumed.resume() == 1
+    resumed.heartbeat.close()
+    [finding] = _findings(tmp_path)
+    assert (finding["layer"], finding["step"], finding["file"], finding["reason"]) == (
+        "l1",
+        2,
+        "optimizer.safetensors",
+        "xxh3-128 hash mismatch",
+    )
+    assert newest.exists()  # skipped, never deleted
+
+
+def test_a_checkpoint_found_invalid_at_resume_outlives_keep_last_n(tmp_path: Path) -> None:
+    """Its sizes match (a flipped byte): only the resume's hashes could tell, so it is named."""
+    session, model, counter = make_session(tmp_path, every_steps=1, keep_last=2)
+    session.resume()
+    for step in (1, 2):
+        train_step(session, model, counter)
+        session.end_step(step)
+    session.close()
+    corrupt = tmp_path / "l1" / "step-00000002"
+    data = bytearray((corrupt / "model.safetensors").read_bytes())
+    data[-1] ^= 0x01
+    (corrupt / "model.safetensors").write_bytes(bytes(data))
+    resumed, model2, counter2 = make_session(tmp_path, every_steps=1, keep_last=1)
+    assert resumed.resume() == 1
+    for step in (3, 4):  # skipping 2: its step is never saved again here
+        train_step(resumed, model2, counter2)
+        resumed.end_step(step)
+    resumed.close()
+    assert [v.step for v in scan(tmp_path / "l1").valid] == [4]
+    assert corrupt.is_dir()  # older than the one kept, still there
+    [finding] = _findings(tmp_path)
+    assert (finding["step"], finding["reason"]) == (2, "xxh3-128 hash mismatch")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from harness_helpers import fill_until_free
 
-from trainguard.ckpt import BLAKE3, SHA256, find_newest_valid, scan
+from trainguard.ckpt import BLAKE3, SHA256, Problem, find_newest_valid, scan
 from trainguard.ckpt.layout import O_DIRECT
 from trainguard_dev.testing.polling import eventually
 from trainguard_harness import writer as writer_module
@@ -264,3 +264,20 @@ def test_bad_configuration_is_refused(tmp_path: Path) -> None:
         CheckpointWriter(tmp_path, keep_last=0)
     with pytest.raises(ValueError):
         CheckpointWriter(tmp_path, algorithm="md5")
+
+
+def test_an_invalid_checkpoint_in_the_way_of_a_save_is_moved_aside_and_reported(
+    tmp_path: Path,
+) -> None:
+    events: list[CheckpointEvent] = []
+    writer = CheckpointWriter(tmp_path, keep_last=2, on_event=events.append)
+    writer.save(5, model_state(5))
+    writer.wait()
+    (tmp_path / "step-00000005" / "MANIFEST.json").unlink()  # a save torn by the storage
+    writer.save(5, model_state(5))  # the step again (a restarted trainer): the way is cleared
+    writer.close()
+    [moved] = [e for e in events if e.kind is EventKind.INVALID]
+    assert moved.step == 5 and moved.path is not None and moved.path.name.startswith(".invalid-")
+    assert moved.problems == (Problem(None, "missing MANIFEST.json"),)
+    assert moved.path.is_dir()  # kept for inspection, never read again
+    assert [v.step for v in scan(tmp_path).valid] == [5]

@@ -140,7 +140,7 @@ def test_file_replaced_on_the_hub_is_detected(hub: HubServer, tmp_path: Path) ->
     files = hub.state.repos[REPO]
     other = next(oid for oid in hub.state.lfs if oid != files[path].lfs_oid)
     files[path].lfs_oid = other  # as if another writer committed different content
-    assert any("changed on the layer" in p for p in layer.verify(ref(1)))
+    assert any("changed on the layer" in p.reason for p in layer.verify(ref(1)))
     with pytest.raises(LayerError, match="hash or size differs"):
         layer.fetch(ref(1), tmp_path / "fetched")
 

@@ -133,7 +133,7 @@ def test_corrupt_object_is_detected_and_restore_falls_back(
     for step in (10, 20):
         layer.put(save(l1, step, model_bytes=MIB))
     _overwrite(seaweedfs, bucket, 20, "optimizer.safetensors")
-    assert any("changed on the layer" in p for p in layer.verify(ref(20)))
+    assert any("changed on the layer" in p.reason for p in layer.verify(ref(20)))
     result = restore(tmp_path / "fresh", [layer])
     assert (result.step, result.from_layer) == (10, "s3")
     assert any("s3 step 20" in line for line in result.skipped)

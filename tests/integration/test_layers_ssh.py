@@ -10,7 +10,7 @@ from layer_helpers import MIB, Counting, assert_same_checkpoint, save
 
 from trainguard.agent.shipper import VERIFIED, Shipper
 from trainguard.api.constants import SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_PRIVATE_KEY
-from trainguard.ckpt import scan, verify
+from trainguard.ckpt import Problem, scan, verify
 from trainguard.initsteps.restore import restore
 from trainguard.layers import (
     Layer,
@@ -115,7 +115,7 @@ def test_corrupt_remote_file_is_seen_by_the_remote_hash(sshd: Sshd, tmp_path: Pa
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
     assert layer.verify(ref(20)) == [
-        "model.safetensors: changed on the layer since it was uploaded"
+        Problem("model.safetensors", "changed on the layer since it was uploaded")
     ]
     result = restore(tmp_path / "fresh", [layer])
     assert (result.step, result.from_layer) == (10, "scp-backup")

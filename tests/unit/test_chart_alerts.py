@@ -26,7 +26,13 @@ RELEASE = "tg"
 NAMESPACE = "trainguard-system"
 ON: Obj = {"alerts": {"enabled": True}}
 TESTS = Path(__file__).with_name("chart_alerts_test.yaml")
-ALERTS = {"TrainguardRunFailed", "TrainguardRunsNotTraining", "TrainguardGhostGPUMemory"}
+ALERTS = {
+    "TrainguardRunFailed",
+    "TrainguardRunsNotTraining",
+    "TrainguardGhostGPUMemory",
+    "TrainguardCheckpointNotVerified",
+    "TrainguardCheckpointCorrupted",
+}
 SEVERITIES = {"critical", "warning"}
 
 
@@ -115,6 +121,26 @@ BROKEN: dict[str, tuple[str, Callable[[Rule], Rule], str]] = {
         lambda rule: {**rule, "expr": rule["expr"].replace('"Failed"', '"Failure"')},
         "failed run",
     ),
+    "a longer bound of verified checkpoints": (
+        "TrainguardCheckpointNotVerified",
+        lambda rule: {**rule, "expr": rule["expr"].replace("> 3600", "> 4000")},
+        "shipping failing beyond the bound",
+    ),
+    "the run in the verified checkpoint alert": (
+        "TrainguardCheckpointNotVerified",
+        lambda rule: {**rule, "expr": rule["expr"].replace("run, ", "")},
+        "shipping failing beyond the bound",
+    ),
+    "the first invalid checkpoint": (
+        "TrainguardCheckpointCorrupted",
+        lambda rule: {**rule, "expr": rule["expr"].split(" or ")[0]},
+        "first invalid checkpoint",
+    ),
+    "invalid checkpoints that are not new": (
+        "TrainguardCheckpointCorrupted",
+        lambda rule: {**rule, "expr": rule["expr"].replace("increase(", "max_over_time(")},
+        "another invalid checkpoint",
+    ),
 }
 
 
@@ -143,6 +169,8 @@ def test_bounds_and_labels_come_from_values() -> None:
             "alertLabels": {"team": "ml-infra"},
             "notTrainingFor": "2h",
             "ghostMemoryWindow": "90m",
+            "checkpointNotVerifiedFor": "2h30m",
+            "invalidCheckpointWindow": "3h",
         }
     }
     rule = only(render(RELEASE, NAMESPACE, values), "PrometheusRule")
@@ -153,13 +181,22 @@ def test_bounds_and_labels_come_from_values() -> None:
     ghost = alerts["TrainguardGhostGPUMemory"]
     assert re.findall(r"\[(\w+)\]|offset (\w+)", ghost["expr"]) == [("90m", ""), ("", "90m")]
     assert "within the last 90m" in ghost["annotations"]["description"]
+    not_verified = alerts["TrainguardCheckpointNotVerified"]
+    assert not_verified["expr"].endswith("> 9000")  # 2h30m in seconds
+    assert "for 2h30m" in not_verified["annotations"]["summary"]
+    corrupted = alerts["TrainguardCheckpointCorrupted"]
+    assert re.findall(r"\[(\w+)\]|offset (\w+)", corrupted["expr"]) == [("3h", ""), ("", "3h")]
+    assert "within the last 3h" in corrupted["annotations"]["description"]
     for name, alert in alerts.items():
         assert alert["labels"]["team"] == "ml-infra", name
         assert alert["labels"]["severity"] in SEVERITIES, name
         assert alert["annotations"]["summary"] and alert["annotations"]["description"], name
 
 
-@pytest.mark.parametrize("key", ["notTrainingFor", "ghostMemoryWindow"])
+@pytest.mark.parametrize(
+    "key",
+    ["notTrainingFor", "ghostMemoryWindow", "checkpointNotVerifiedFor", "invalidCheckpointWindow"],
+)
 def test_a_bound_that_is_no_duration_is_refused(key: str) -> None:
     values = {"alerts": {"enabled": True, key: "30 minutes"}}
     result = helm("template", RELEASE, str(CHART), values=values, check=False)

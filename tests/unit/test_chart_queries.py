@@ -76,6 +76,8 @@ def test_the_exposition_names_every_family_as_prometheus_reads_it() -> None:
         "trainguard_detection_latency_seconds_bucket",
         "trainguard_detection_latency_seconds_count",
         "trainguard_checkpoint_age_seconds",
+        "trainguard_verified_checkpoint_age_seconds",
+        "trainguard_checkpoints_invalid_total",
     } <= operator
     # A classic histogram has no series of its bare name, a counter none without _total.
     assert "trainguard_detection_latency_seconds" not in exported

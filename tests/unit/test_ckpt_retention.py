@@ -58,6 +58,22 @@ def test_invalid_older_checkpoints_are_reported_and_kept(tmp_path: Path) -> None
     assert [v.step for v in after.invalid] == [1]
 
 
+def test_a_checkpoint_a_reader_found_invalid_is_kept_though_its_sizes_match(
+    tmp_path: Path,
+) -> None:
+    """Older than the N kept, only sizes are checked: a flipped byte needs the caller's word."""
+    for step in (1, 2, 3):
+        write_checkpoint(tmp_path, step)
+    corrupt(tmp_path / "step-00000001")  # the same size: the cheap check cannot see it
+    known = {tmp_path / "step-00000001"}
+    result = prune(tmp_path, keep_last=1, known_invalid=known)
+    assert [p.name for p in result.deleted] == ["step-00000002"]
+    assert [p.name for p in result.kept] == ["step-00000003"]
+    assert (tmp_path / "step-00000001").is_dir()
+    # Unnamed, it would pass for a superseded checkpoint.
+    assert [p.name for p in prune(tmp_path, keep_last=1).deleted] == ["step-00000001"]
+
+
 def test_nothing_verified_means_nothing_deleted(tmp_path: Path) -> None:
     for step in (1, 2):
         corrupt(write_checkpoint(tmp_path, step))

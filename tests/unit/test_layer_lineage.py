@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainguard.agent.shipper import Shipper
-from trainguard.ckpt import CheckpointTransaction, Contents, verify
+from trainguard.ckpt import CheckpointTransaction, Contents, Problem, verify
 from trainguard.initsteps.restore import restore
 from trainguard.layers import FileLayer, LayerConfig
 from trainguard.layers.lineage import (
@@ -116,12 +116,13 @@ def test_prune_counts_and_deletes_only_the_lineage(tmp_path: Path) -> None:
     _ship(zombie, tmp_path / "l1-a", [10, 20, 30, 40])
     current = _layer(tmp_path / "nfs", SECOND, keep=1)
     _ship(current, tmp_path / "l1-b", [20, 50])
-    deleted = current.prune(1, Lineage(SECOND, FENCES))
-    assert deleted == [
+    pruned = current.prune(1, Lineage(SECOND, FENCES))
+    assert pruned.deleted == [
         CheckpointRef(10, FIRST),
         CheckpointRef(20, FIRST),
         CheckpointRef(20, SECOND),
     ]
+    assert pruned.invalid == {}
     # The zombie's uploads are never deleted by the new attempt: kept for inspection.
     assert current.checkpoints() == [
         CheckpointRef(30, FIRST),
@@ -154,17 +155,31 @@ def test_a_partitioned_agent_never_prunes_what_its_successor_resumes_from(tmp_pa
 
 def test_prune_plan_leaves_invalid_and_drops_abandoned_partials() -> None:
     refs = {
+        CheckpointRef(5, SECOND): True,  # invalid, older than the one kept
         CheckpointRef(10, SECOND): True,
         CheckpointRef(20, SECOND): True,
-        CheckpointRef(30, SECOND): True,
+        CheckpointRef(30, SECOND): True,  # invalid, the newest
         CheckpointRef(15, SECOND): False,  # an abandoned partial upload
         CheckpointRef(35, SECOND): False,  # the upload under way
     }
-    broken = CheckpointRef(30, SECOND)
-    plan = prune_plan(refs, 1, Lineage(SECOND), lambda ref: ref != broken)
-    assert sorted(plan) == [CheckpointRef(10, SECOND), CheckpointRef(15, SECOND)]
+    broken = {CheckpointRef(30, SECOND), CheckpointRef(5, SECOND)}
+    checked: dict[int, bool] = {}
+
+    def problems(ref: CheckpointRef, deep: bool) -> list[Problem]:
+        checked[ref.step] = deep
+        return [Problem("model.bin", "size 1 != 2 in the manifest")] if ref in broken else []
+
+    plan = prune_plan(refs, 1, Lineage(SECOND), problems)
+    assert sorted(plan.deleted) == [CheckpointRef(10, SECOND), CheckpointRef(15, SECOND)]
+    # Invalid ones are never deleted, however old: kept and reported.
+    assert set(plan.invalid) == broken
+    assert plan.invalid[CheckpointRef(5, SECOND)] == (
+        Problem("model.bin", "size 1 != 2 in the manifest"),
+    )
+    # The candidates to keep are checked in depth, the older ones only enough to go.
+    assert checked == {30: True, 20: True, 10: False, 5: False}
     with pytest.raises(ValueError, match="at least 1"):
-        prune_plan(refs, 0, Lineage(SECOND), lambda ref: True)
+        prune_plan(refs, 0, Lineage(SECOND), lambda ref, deep: [])
 
 
 def test_an_upgraded_operator_resumes_from_checkpoints_shipped_before_attempts(

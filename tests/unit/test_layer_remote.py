@@ -18,7 +18,7 @@ from trainguard.api.constants import (
     SECRET_KEY_S3_SECRET_ACCESS_KEY,
     SECRET_KEY_SSH_PRIVATE_KEY,
 )
-from trainguard.ckpt import MANIFEST_FILENAME, CheckpointTransaction, FileEntry, verify
+from trainguard.ckpt import MANIFEST_FILENAME, CheckpointTransaction, FileEntry, Problem, verify
 from trainguard.initsteps.restore import restore
 from trainguard.layers import (
     REDACTED,
@@ -155,7 +155,7 @@ def test_a_step_without_manifest_is_not_listed(tmp_path: Path) -> None:
     layer.put(_save(tmp_path, 4))
     del store.objects[step_key(4, MANIFEST_FILENAME)]
     assert steps(layer) == []
-    assert layer.verify(ref(4)) == [f"missing {MANIFEST_FILENAME}"]
+    assert layer.verify(ref(4)) == [Problem(None, f"missing {MANIFEST_FILENAME}")]
 
 
 def test_weights_layer_ships_the_model_only(tmp_path: Path) -> None:
@@ -191,7 +191,9 @@ def test_prune_keeps_newest_verified_and_leaves_invalid_ones(tmp_path: Path) -> 
     store.objects.pop(step_key(4, "model.safetensors"))  # newest is broken: never counted
     store.objects[step_key(0, "model.safetensors")] = b"abandoned partial upload"
     fresh = RemoteLayer(layer.config, store, layer.credentials)  # no memory of its puts
-    assert fresh.prune(2) == [ref(1)]
+    pruned = fresh.prune(2)
+    assert pruned.deleted == [ref(1)]
+    assert pruned.invalid == {ref(4): (Problem("model.safetensors", "missing"),)}
     assert steps(fresh) == [2, 3, 4]
     assert ref(0) not in store.list_checkpoints()
     with pytest.raises(ValueError):

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from trainguard.agent.shipper import UPLOADING, VERIFIED, RateLimiter, Shipper
-from trainguard.ckpt import CheckpointTransaction
+from trainguard.ckpt import CheckpointTransaction, Problem
 from trainguard.layers import LayerConfig, Transfer
-from trainguard.layers.lineage import CheckpointRef, Lineage, Origin
+from trainguard.layers.lineage import CheckpointRef, Lineage, Origin, Pruning
 from trainguard_dev.testing.polling import eventually
 
 pytestmark = pytest.mark.unit
@@ -48,11 +48,11 @@ class SlowLayer:
     def fetch(self, ref: CheckpointRef, dest_root: Path) -> Path:
         raise NotImplementedError
 
-    def verify(self, ref: CheckpointRef) -> list[str]:
+    def verify(self, ref: CheckpointRef) -> list[Problem]:
         return []
 
-    def prune(self, keep: int, lineage: Lineage | None = None) -> list[CheckpointRef]:
-        return []
+    def prune(self, keep: int, lineage: Lineage | None = None) -> Pruning:
+        return Pruning([])
 
 
 class Gauge:

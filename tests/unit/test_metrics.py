@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from trainguard.api import TrainingRunStatus
+from trainguard.api import Condition, TrainingRunStatus
 from trainguard.operator.metrics import ENV_METRICS_PORT, Metrics, serve
 
 pytestmark = pytest.mark.unit
@@ -117,6 +117,62 @@ def test_gauges_follow_the_latest_statuses(metrics: Metrics, registry: Collector
     assert value(registry, "trainguard_nodes_excluded", reason="GhostMemory") == 1
     metrics.forget(("team-b", "done"))
     assert value(registry, "trainguard_runs", namespace="team-b", phase="Completed") == 0
+
+
+def invalid(attempt: int, **counts: int) -> list[dict[str, Any]]:
+    """`status.invalidCheckpoints` of one attempt."""
+    return [{"layer": layer, "attempt": attempt, "count": n} for layer, n in counts.items()]
+
+
+def test_invalid_checkpoints_count_what_each_attempt_told_once(
+    metrics: Metrics, registry: CollectorRegistry
+) -> None:
+    def total(layer: str) -> float:
+        labels = {"namespace": "team-a", "layer": layer}
+        return value(registry, "trainguard_checkpoints_invalid_total", **labels)
+
+    metrics.observe(RUN, status("Training", invalidCheckpoints=invalid(1, backup=2)))  # baseline
+    assert total("backup") == 0
+    metrics.observe(RUN, status("Training", invalidCheckpoints=invalid(1, backup=3, l1=1)))
+    metrics.observe(RUN, status("Training", invalidCheckpoints=invalid(1, backup=3, l1=1)))
+    assert (total("backup"), total("l1")) == (1, 1)  # the growth, once per change
+    # The next attempt's agent counts from zero: all of its count is new, the old is not lost.
+    metrics.observe(RUN, status("Training", attempt=2, invalidCheckpoints=[]))
+    metrics.observe(RUN, status("Training", attempt=2, invalidCheckpoints=invalid(2, backup=1)))
+    assert (total("backup"), total("l1")) == (2, 1)
+
+
+def test_the_verified_checkpoint_age_of_a_training_run(
+    metrics: Metrics, registry: CollectorRegistry
+) -> None:
+    def moment(minutes: int) -> str:
+        return (datetime.now(UTC) - timedelta(minutes=minutes)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def training(ready_since: str) -> TrainingRunStatus:
+        ready = {"type": "Ready", "status": "True", "reason": "Training", "message": ""}
+        run = status("Training", checkpoints=checkpoints)
+        ready_condition = Condition.from_object({**ready, "lastTransitionTime": ready_since})
+        return run.model_copy(update={"conditions": [*run.conditions, ready_condition]})
+
+    def age(layer: str) -> float | None:
+        labels = {"namespace": "team-a", "run": "llm", "layer": layer}
+        return registry.get_sample_value("trainguard_verified_checkpoint_age_seconds", labels)
+
+    checkpoints = [
+        {"layer": "s3", "step": 400, "time": moment(90), "verified": True},
+        {"layer": "backup"},  # never verified one
+    ]
+    metrics.observe(RUN, training(ready_since=moment(120)))
+    s3, backup = age("s3"), age("backup")
+    assert s3 is not None and 90 * 60 <= s3 < 91 * 60
+    assert backup is not None and 120 * 60 <= backup < 121 * 60  # since it turned Ready
+    # Resumed after a long suspension: the age counts from when it trains again.
+    metrics.observe(RUN, training(ready_since=moment(5)))
+    s3 = age("s3")
+    assert s3 is not None and 5 * 60 <= s3 < 6 * 60
+    # Not training: nothing is shipped, no age.
+    metrics.observe(RUN, status("Suspended", "Suspended", checkpoints=checkpoints))
+    assert age("s3") is None
 
 
 def test_endpoint_serves_the_metrics_when_a_port_is_set() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 
@@ -14,6 +15,9 @@ from trainguard.operator.k8s.leases import lease_view
 from trainguard.operator.policies.layers import parse_layers
 
 pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 12, 4, 10, 0, tzinfo=UTC)
+T1 = datetime(2026, 12, 4, 11, 0, tzinfo=UTC)
 
 
 def _report(**layers: LayerState) -> str:
@@ -122,11 +126,23 @@ def test_the_lease_carries_the_report() -> None:
 
 def test_a_new_pods_report_keeps_what_earlier_attempts_shipped() -> None:
     old = [
-        LayerCheckpoint(layer="s3", step=40, verified=True),
-        LayerCheckpoint(layer="backup", step=20, verified=True),
+        LayerCheckpoint(layer="s3", step=40, verified=True, time=T0),
+        LayerCheckpoint(layer="backup", step=20, verified=True, time=T0),
     ]
     fresh = parse_layers(_report(s3=LayerState(), backup=LayerState("verified", 60)))
-    merged = {layer.layer: layer for layer in merge_layers(old, fresh)}
-    assert (merged["s3"].step, merged["s3"].verified) == (40, True)
+    merged = {layer.layer: layer for layer in merge_layers(old, fresh, T1)}
+    assert (merged["s3"].step, merged["s3"].verified, merged["s3"].time) == (40, True, T0)
     assert merged["backup"].step == 60
-    assert merge_layers(old, ()) == sorted(old, key=lambda layer: layer.layer)
+    assert merge_layers(old, (), T1) == sorted(old, key=lambda layer: layer.layer)
+
+
+def test_a_layers_time_is_when_its_step_was_first_seen() -> None:
+    """The age of a layer's newest verified checkpoint counts from its first sight."""
+    first = merge_layers([], parse_layers(_report(s3=LayerState("verified", 40))), T0)
+    assert [(layer.step, layer.time) for layer in first] == [(40, T0)]
+    again = merge_layers(first, parse_layers(_report(s3=LayerState("verified", 40))), T1)
+    assert again[0].time == T0  # the same step seen again: as old as before
+    newer = merge_layers(again, parse_layers(_report(s3=LayerState("verified", 60))), T1)
+    assert (newer[0].step, newer[0].time) == (60, T1)
+    none = merge_layers([], parse_layers(_report(s3=LayerState("failed", None, 40))), T1)
+    assert none[0].step is None and none[0].time is None  # none verified yet: no age

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -326,3 +327,44 @@ def test_an_attempt_that_never_renewed_the_lease_is_fenced_without_a_step() -> N
     assert pod["metadata"]["name"] == "llm-2"
     assert [(f["attempt"], f.get("step")) for f in api.run()["status"]["fences"]] == [(1, None)]
     assert _env(pod, "TRAINGUARD_FENCES") == '{"1":null}'
+
+
+def test_invalid_checkpoints_the_agent_told_of_reach_the_status() -> None:
+    api = api_with_run()
+    cycle(api)
+    summary = json.dumps(
+        {
+            "counts": {"backup": 1, "l1": 2},
+            "last": {
+                "layer": "backup",
+                "step": 142,
+                "file": "optimizer.safetensors",
+                "reason": "xxh3-128 hash mismatch",
+                "found": "Restore",
+                "time": "2026-12-04T10:00:00Z",
+            },
+        }
+    )
+    told = LeaseView(Verdict.HEALTHY, 150, 140, holder="llm-1", invalid_checkpoints=summary)
+    reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, False, lease=told)  # type: ignore[arg-type]
+    status = api.run()["status"]
+    assert status["lastInvalidCheckpoint"] == {
+        "layer": "backup",
+        "step": 142,
+        "file": "optimizer.safetensors",
+        "reason": "xxh3-128 hash mismatch",
+        "found": "Restore",
+        "time": "2026-12-04T10:00:00Z",
+        "attempt": 1,
+    }
+    assert status["invalidCheckpoints"] == [
+        {"layer": "backup", "attempt": 1, "count": 1},
+        {"layer": "l1", "attempt": 1, "count": 2},
+    ]
+    # A Lease renewed by another attempt's pod does not speak for this one; nor does an
+    # unreadable summary, and what the status holds stays.
+    for other in (replace(told, holder="llm-7"), replace(told, invalid_checkpoints="{not json")):
+        reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, False, lease=other)  # type: ignore[arg-type]
+        assert api.run()["status"]["lastInvalidCheckpoint"]["step"] == 142
+    cycle(api, full=False)  # no Lease in this cycle's view
+    assert api.run()["status"]["invalidCheckpoints"][0]["count"] == 1

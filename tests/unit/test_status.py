@@ -8,8 +8,21 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from trainguard.api import Condition, TrainingRunStatus
-from trainguard.api.constants import CheckResult, ConditionStatus, Phase, StagingPhase, Verdict
-from trainguard.api.status import LayerCheckpoint, Preflight, Staging
+from trainguard.api.constants import (
+    CheckResult,
+    ConditionStatus,
+    FoundBy,
+    Phase,
+    StagingPhase,
+    Verdict,
+)
+from trainguard.api.status import (
+    InvalidCheckpoint,
+    InvalidCheckpointCount,
+    LayerCheckpoint,
+    Preflight,
+    Staging,
+)
 from trainguard.operator.conditions import (
     MAX_EVENT_BYTES,
     EventSpec,
@@ -314,6 +327,23 @@ def test_advance_keeps_the_step_reports_until_new_ones_come() -> None:
     assert find(first.conditions, "Preflight") is not None
     again = advance(first, state, Observed(attempt=2), 1, T1)
     assert again.preflight == PASSED and not changed(first, again)
+
+
+def test_the_last_invalid_checkpoint_stays_and_the_counts_are_the_current_attempts() -> None:
+    state = RunState("Training", "running", ready=True, progressing=True)
+    last = InvalidCheckpoint(
+        layer="backup", step=142, reason="missing", found=FoundBy.SHIPPING, time=T0, attempt=1
+    )
+    counts = (InvalidCheckpointCount(layer="backup", attempt=1, count=3),)
+    told = Observed(attempt=1, invalid_counts=counts, last_invalid=last)
+    first = advance(TrainingRunStatus(), state, told, 1, T0)
+    assert (first.last_invalid_checkpoint, first.invalid_checkpoints) == (last, list(counts))
+    # Not renewed yet by attempt 2's agent: the status keeps what it holds.
+    moved = advance(first, state, Observed(attempt=2), 1, T1)
+    assert (moved.last_invalid_checkpoint, moved.invalid_checkpoints) == (last, list(counts))
+    # Attempt 2's agent found nothing: its counts are none; the last finding stays.
+    clean = advance(moved, state, Observed(attempt=2, invalid_counts=()), 1, T1)
+    assert (clean.last_invalid_checkpoint, clean.invalid_checkpoints) == (last, [])
 
 
 def test_step_events_tell_each_outcome_once_per_attempt() -> None:

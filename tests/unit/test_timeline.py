@@ -107,6 +107,25 @@ def test_a_layers_shipping_counts_and_failure_are_shown(
     )
 
 
+def test_the_last_invalid_checkpoint_is_shown(
+    run: dict[str, Any], events: list[dict[str, Any]]
+) -> None:
+    run["status"]["lastInvalidCheckpoint"] = {
+        "layer": "backup",
+        "step": 142,
+        "file": "optimizer.safetensors",
+        "reason": "xxh3-128 hash mismatch",
+        "found": "Restore",
+        "time": "2026-12-04T10:00:05Z",
+        "attempt": 2,
+    }
+    lines = _section(render(run, events), "Checkpoints").splitlines()
+    assert lines[-1] == (
+        "  last invalid: layer backup, step 142, optimizer.safetensors: xxh3-128 hash mismatch; "
+        "found by Restore (attempt 2) at 10:00:05, kept"
+    )
+
+
 def test_timeline_marks_warnings_and_names_the_agent(
     run: dict[str, Any], events: list[dict[str, Any]]
 ) -> None:

@@ -5,15 +5,18 @@ The pod agent reads it to tell a live, advancing trainer from a hung or dead one
     {"pid": 4242, "step": 1200, "time": 1764720000.52, "phase": "training",
      "tokens_per_s": 23850.0, "loss": 2.31,
      "memory_allocated_bytes": 81604378624, "memory_reserved_bytes": 90194313216,
-     "last_checkpoint_step": 1200, "checkpoint_error": null, "checkpoint_stall_s": 0.41}
+     "last_checkpoint_step": 1200, "checkpoint_error": null, "checkpoint_stall_s": 0.41,
+     "invalid_checkpoints": []}
 
 `time` is when the training loop last reported (wall clock, seconds since the epoch), not when
 the file was written, so a loop that stops reporting looks stopped. Memory is what the
 framework holds (CUDA allocator statistics); it is null when no GPU is in use.
 `checkpoint_stall_s` is how long the last save blocked the loop: the measured cost a checkpoint
-cadence can be derived from (Young: sqrt(2 x cost x MTBF)). The file is written to a temporary
-name and renamed, so readers never see a torn write. This module does not import torch (the
-agent may import it for the field names).
+cadence can be derived from (Young: sqrt(2 x cost x MTBF)). `invalid_checkpoints` lists the
+newest checkpoints the harness found invalid in L1 (when it resumed, at keep-last-N, or moved
+aside by a save of the same step), for the agent to tell (`trainguard.contract.findings`).
+The file is written to a temporary name and renamed, so readers never see a torn write. This
+module does not import torch (the agent may import it for the field names).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract.files import read_json
+from trainguard.contract.findings import HEARTBEAT_FIELD
 
 LOG = logging.getLogger(__name__)
 
@@ -43,6 +47,7 @@ MEMORY_RESERVED = "memory_reserved_bytes"
 LAST_CHECKPOINT_STEP = "last_checkpoint_step"
 CHECKPOINT_ERROR = "checkpoint_error"
 CHECKPOINT_STALL_S = "checkpoint_stall_s"
+INVALID_CHECKPOINTS = HEARTBEAT_FIELD
 
 PHASE_TRAINING = "training"
 PHASE_SAVING = "saving"
@@ -91,6 +96,7 @@ class Heartbeat:
             LAST_CHECKPOINT_STEP: None,
             CHECKPOINT_ERROR: None,
             CHECKPOINT_STALL_S: None,
+            INVALID_CHECKPOINTS: [],
         }
         self._last_write = -float("inf")
         self._timer: threading.Timer | None = None

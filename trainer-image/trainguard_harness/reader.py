@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.ckpt import Manifest, Verification, new_hasher, verify
+from trainguard.ckpt import Manifest, Problem, Verification, new_hasher, verify
 from trainguard.ckpt.hashing import CHUNK_BYTES
 from trainguard.ckpt.verify import list_checkpoint_dirs
 from trainguard_harness.tensorfile import FILE_SUFFIX, StateFormatError, decode_component
@@ -41,25 +41,29 @@ class LoadResult:
 
 
 class CheckpointCorruptError(RuntimeError):
-    """A checkpoint failed verification while it was being loaded."""
+    """A checkpoint failed verification while it was being loaded: what, in which file."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(str(problem))
+        self.problem = problem
 
 
-def _read_verified(path: Path, size: int, expected: str, algorithm: str) -> bytearray:
+def _read_verified(root: Path, file: str, size: int, expected: str, algorithm: str) -> bytearray:
     data = bytearray(size)
     view = memoryview(data)
     hasher = new_hasher(algorithm)
-    with path.open("rb", buffering=0) as handle:
+    with (root / file).open("rb", buffering=0) as handle:
         position = 0
         while position < size:
             count = handle.readinto(view[position : position + CHUNK_BYTES])
             if not count:
-                raise CheckpointCorruptError(f"{path.name}: shorter than {size} bytes")
+                raise CheckpointCorruptError(Problem(file, f"shorter than {size} bytes"))
             hasher.update(view[position : position + count])
             position += count
         if handle.read(1):
-            raise CheckpointCorruptError(f"{path.name}: longer than {size} bytes")
+            raise CheckpointCorruptError(Problem(file, f"longer than {size} bytes"))
     if hasher.hexdigest() != expected:
-        raise CheckpointCorruptError(f"{path.name}: {algorithm} hash mismatch")
+        raise CheckpointCorruptError(Problem(file, f"{algorithm} hash mismatch"))
     return data
 
 
@@ -69,12 +73,12 @@ def load_checkpoint(path: Path, manifest: Manifest) -> LoadedCheckpoint:
     for entry in manifest.files:
         if entry.path.endswith(FILE_SUFFIX):
             raw[entry.path.removesuffix(FILE_SUFFIX)] = _read_verified(
-                path / entry.path, entry.size, entry.hash, manifest.hash_algorithm
+                path, entry.path, entry.size, entry.hash, manifest.hash_algorithm
             )
     try:
         components = {name: decode_component(data) for name, data in raw.items()}
     except (StateFormatError, ValueError, KeyError) as error:
-        raise CheckpointCorruptError(f"undecodable component: {error}") from error
+        raise CheckpointCorruptError(Problem(None, f"undecodable component: {error}")) from error
     return LoadedCheckpoint(path, manifest, components)
 
 
@@ -96,8 +100,11 @@ def load_newest(
             continue
         try:
             loaded = load_checkpoint(path, quick.manifest)
-        except (CheckpointCorruptError, OSError) as error:
-            skip(Verification(path, quick.step, quick.manifest, (str(error),)))
+        except CheckpointCorruptError as error:
+            skip(Verification(path, quick.step, quick.manifest, (error.problem,)))
+            continue
+        except OSError as error:
+            skip(Verification(path, quick.step, quick.manifest, (Problem(None, str(error)),)))
             continue
         return LoadResult(loaded, tuple(skipped))
     return LoadResult(None, tuple(skipped))

@@ -27,7 +27,9 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any, Protocol, TypeVar
 
-from trainguard.ckpt import Contents, Verification
+from trainguard.api.constants import L1_LAYER, FoundBy
+from trainguard.ckpt import Contents, Problem, Verification
+from trainguard.contract.findings import MAX_HEARTBEAT_FINDINGS, Finding, newest
 from trainguard_harness import heartbeat as hb
 from trainguard_harness import rng
 from trainguard_harness.heartbeat import Heartbeat
@@ -117,6 +119,9 @@ class TrainingSession:
         self._last_save_time = time.monotonic()
         self._rate_start = time.monotonic()
         self._rate_tokens = 0
+        # Invalid L1 checkpoints, for the heartbeat; the writer's thread reports them too.
+        self._findings: list[Finding] = []
+        self._findings_lock = threading.Lock()
 
     def _request_stop(self, signum: int, frame: FrameType | None) -> None:
         LOG.warning("received %s: stopping after this step", signal.Signals(signum).name)
@@ -128,9 +133,21 @@ class TrainingSession:
             self.heartbeat.update(last_checkpoint_step=event.step, checkpoint_error=None)
         elif event.kind is EventKind.FAILED:
             self.heartbeat.update(checkpoint_error=event.message)
+        elif event.kind is EventKind.INVALID:
+            self._found(event.step, event.problems)
 
     def _on_invalid(self, result: Verification) -> None:
         LOG.error("skipping invalid checkpoint %s: %s", result.path, "; ".join(result.reasons))
+        self.writer.note_invalid(result.path)  # kept: keep-last-N could not tell it later
+        self._found(result.step, result.problems)
+
+    def _found(self, step: int | None, problems: tuple[Problem, ...]) -> None:
+        """An invalid L1 checkpoint, for the agent to tell: into the heartbeat's newest list."""
+        finding = Finding.of(L1_LAYER, step, problems, FoundBy.SCAN)
+        with self._findings_lock:
+            self._findings = newest(self._findings, finding, MAX_HEARTBEAT_FINDINGS)
+            listed = [f.to_dict() for f in self._findings]
+        self.heartbeat.update(**{hb.INVALID_CHECKPOINTS: listed})
 
     def state(self) -> dict[str, object]:
         """The state of every component plus the RNG states, as saved in a checkpoint."""

@@ -29,6 +29,7 @@ from pydantic import JsonValue
 from trainguard.ckpt import (
     DEFAULT_ALGORITHM,
     CheckpointTransaction,
+    Problem,
     new_hasher,
     prune,
     remove_partials,
@@ -69,12 +70,16 @@ class EventKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class CheckpointEvent:
-    """One thing that happened to checkpoints, for logs, the heartbeat or the agent."""
+    """One thing that happened to checkpoints, for logs, the heartbeat or the agent.
+
+    `problems`: what is wrong with an invalid checkpoint (`INVALID`), each naming its file.
+    """
 
     kind: EventKind
     step: int | None
     path: Path | None
     message: str
+    problems: tuple[Problem, ...] = ()
 
 
 EventSink = Callable[[CheckpointEvent], None]
@@ -149,13 +154,29 @@ class CheckpointWriter:
         self.last_persisted: PersistStats | None = None
         # Checkpoints this writer read back in full: keep-last-N need not hash them again.
         self._verified: set[Path] = set()
+        # Checkpoints found invalid (by keep-last-N, or a reader: `note_invalid`): never removed.
+        self._invalid: set[Path] = set()
         self.root.mkdir(parents=True, exist_ok=True)
         # This process is now the root's only writer: leftovers of a killed one go.
         for leftover in remove_partials(self.root):
             self._emit(EventKind.PARTIAL_REMOVED, None, leftover, f"removed leftover {leftover}")
 
-    def _emit(self, kind: EventKind, step: int | None, path: Path | None, message: str) -> None:
-        self._on_event(CheckpointEvent(kind, step, path, message))
+    def note_invalid(self, path: Path) -> None:
+        """A reader found this checkpoint invalid: keep-last-N never removes it.
+
+        Its cheap check of an older checkpoint (manifest, sizes) cannot see a wrong hash.
+        """
+        self._invalid.add(path)
+
+    def _emit(
+        self,
+        kind: EventKind,
+        step: int | None,
+        path: Path | None,
+        message: str,
+        problems: tuple[Problem, ...] = (),
+    ) -> None:
+        self._on_event(CheckpointEvent(kind, step, path, message, problems))
 
     @property
     def busy(self) -> bool:
@@ -223,12 +244,15 @@ class CheckpointWriter:
                     out.write(snapshot.data(index))
             committed = txn.commit()
         written = time.perf_counter()
+        # The name holds this new checkpoint now (an invalid one in the way was moved aside).
+        self._invalid.discard(committed.path)
         if committed.quarantined is not None:
             self._emit(
                 EventKind.INVALID,
                 step,
                 committed.quarantined,
                 f"an invalid checkpoint of step {step} was moved aside to {committed.quarantined}",
+                committed.quarantined_problems,
             )
         if self.verify_after_write:
             # O_DIRECT: verify what the device holds, not the page cache's copy of it.
@@ -240,17 +264,19 @@ class CheckpointWriter:
         verified = time.perf_counter()
         if self.verify_after_write:
             self._verified.add(committed.path)
-        pruned = prune(self.root, self.keep_last, verified=self._verified)
+        pruned = prune(
+            self.root, self.keep_last, verified=self._verified, known_invalid=self._invalid
+        )
         self._verified.difference_update(pruned.deleted)
+        self._invalid.update(invalid.path for invalid in pruned.invalid)
         for path in pruned.deleted:
             self._emit(
                 EventKind.PRUNED, None, path, f"removed {path.name} (keep-last-{self.keep_last})"
             )
         for invalid in pruned.invalid:
             reasons = "; ".join(invalid.reasons)
-            self._emit(
-                EventKind.INVALID, invalid.step, invalid.path, f"{invalid.path.name}: {reasons}"
-            )
+            message = f"{invalid.path.name}: {reasons} (kept, keep-last-{self.keep_last})"
+            self._emit(EventKind.INVALID, invalid.step, invalid.path, message, invalid.problems)
         stats = PersistStats(
             step,
             committed.path,

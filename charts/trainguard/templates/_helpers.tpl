@@ -60,3 +60,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   name: {{ include "trainguard.serviceAccountName" . }}
   namespace: {{ .Release.Namespace }}
 {{- end -}}
+
+{{/* A Prometheus duration (e.g. 1h30m) in whole seconds, for a rule comparing a gauge of seconds. */}}
+{{- define "trainguard.durationSeconds" -}}
+{{- $units := dict "ms" 0 "s" 1 "m" 60 "h" 3600 "d" 86400 "w" 604800 "y" 31536000 -}}
+{{- $total := 0 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h|d|w|y)" (toString .) -1 -}}
+{{- $total = add $total (mul (regexFind "^[0-9]+" . | atoi) (get $units (regexReplaceAll "^[0-9]+" . ""))) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}

@@ -6,8 +6,10 @@ changed verdict renews at once and becomes an Event. On `Hung` it has the traine
 dumped (the harness's faulthandler signal) into its log and an Event, and the training process
 killed so the supervisor restarts it in place (`trainguard.agent.stopping`: through the
 supervisor, since the agent runs as another user); a kill that did not happen is an Event too.
-When the API is unreachable it keeps monitoring and retries with back-off: the agent never
-crash-loops.
+Every invalid checkpoint the restore step, the shipper or the harness found is a Warning Event
+`InvalidCheckpoint`, once, and the Lease carries how many per layer and the last one
+(`trainguard.agent.findings`). When the API is unreachable it keeps monitoring and retries
+with back-off: the agent never crash-loops.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from trainguard.agent.findings import Told, event_message
 from trainguard.agent.shipper import Shipper
 from trainguard.agent.signals import Collector, newest_saved_step
 from trainguard.agent.stopping import stop_hung
@@ -39,11 +43,13 @@ from trainguard.api import constants
 from trainguard.contract import env, reports
 from trainguard.contract.env import PodEnv
 from trainguard.contract.files import RESTORE_FILENAME, read_restore_report, share_with_pod
+from trainguard.contract.findings import Finding
 from trainguard.layers import LayerConfig, open_layer
 from trainguard.layers.lineage import Lineage, Origin
 
 ANNOTATION_LAYERS = constants.ANNOTATION_LAYERS
 ANNOTATION_RESTORED = constants.ANNOTATION_RESTORED
+ANNOTATION_INVALID_CHECKPOINTS = constants.ANNOTATION_INVALID_CHECKPOINTS
 ANNOTATION_LIMIT = 1000  # bytes of evidence JSON; all annotations stay well under 1 KiB
 # The per-layer report: up to 8 layers with 63-character names fit (state, steps, counts) in it.
 LAYERS_ANNOTATION_LIMIT = 2000
@@ -157,6 +163,7 @@ class Agent:
         self.client = client
         self.shipper = shipper
         self.pending_events: list[tuple[str, str, bool]] = []
+        self.told = Told()  # the invalid checkpoints told of
         self.restored = ""
         self.note_restore()
         # The API's own model: the same defaults and bounds as the CRD.
@@ -200,6 +207,16 @@ class Agent:
             log(f"restore ignored fenced checkpoints: {fenced}")
             message = f"restore ignored what superseded attempts shipped after a fence: {fenced}"
             self.pending_events.append(("FencedCheckpointsIgnored", _fit(message), True))
+        if report is not None:
+            self.note_findings(report.findings)
+
+    def note_findings(self, findings: Iterable[Finding]) -> None:
+        """Tell each invalid checkpoint not told yet: a log line and a Warning Event."""
+        for finding in self.told.news(findings):
+            message = event_message(finding)
+            log(message)
+            reason = constants.Reason.INVALID_CHECKPOINT.value
+            self.pending_events.append((reason, _fit(message), True))
 
     def step(self) -> Verdict:
         """Observe, classify, act on Hung, report."""
@@ -207,6 +224,9 @@ class Agent:
             self.note_restore()
         now = time.monotonic()
         signals = self.collector.collect(now, time.time())
+        self.note_findings(self.collector.findings)
+        if self.shipper is not None:
+            self.note_findings(self.shipper.take_findings())
         verdict = classify(signals, self.thresholds)
         pid = self.collector.pid
         if verdict.name == DEAD and pid is not None and pid == self.killed_pid:
@@ -265,6 +285,9 @@ class Agent:
             extra[ANNOTATION_LAYERS], self.reporting = layers_report(self.shipper.states())
         if self.restored:
             extra[ANNOTATION_RESTORED] = self.restored
+        invalid = self.told.annotation()
+        if invalid is not None:
+            extra[ANNOTATION_INVALID_CHECKPOINTS] = invalid
         # The init steps' progress and results, for the run's status (live during staging).
         extra.update(reports.lease_annotations(self.pod.state_dir, self.pod.attempt))
         return {
@@ -321,6 +344,7 @@ class Agent:
             # checkpoint goes to a remote layer first (bounded by the grace period).
             flushed = self.shipper.flush(self.flush_timeout)
             log(f"flush before exit: {'done' if flushed else 'not completed'}")
+            self.note_findings(self.shipper.take_findings())
             with contextlib.suppress(Exception):
                 self.report(self.verdict or classify_unknown(), force=True)
 

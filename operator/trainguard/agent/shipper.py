@@ -19,6 +19,12 @@ the pod's disk sizing has room for one pinned checkpoint per concurrent upload, 
 `max_concurrent` defaults to `trainguard.ckpt.MAX_PINNED`. Pins left by an earlier agent of the
 pod are removed when a shipper is made.
 
+Every checkpoint found invalid on the way is a finding (`trainguard.contract.findings`, found
+by `Shipping`) that the agent takes (`take_findings`) and tells: an L1 checkpoint whose hashes
+do not match its manifest (it is never shipped), a remote copy that does not verify after its
+upload (the layer's upload fails and is retried), and a remote checkpoint the layer's keep-N
+found invalid (kept, never pruned).
+
 In a pod, keep-N works within the run's lineage (`trainguard.layers.lineage`) and counts only
 the checkpoints the agent has reported to the operator (`acknowledge`, after each Lease renewal
 that carried them): a newer one stays on top of the N until it is reported. The operator fences
@@ -39,16 +45,19 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trainguard.api.constants import L1_LAYER, FoundBy
 from trainguard.ckpt import (
     MAX_PINNED,
     CheckpointInvalidError,
+    Problem,
     pin_checkpoint,
     remove_pins,
     scan,
     unpin_checkpoint,
     verify,
 )
-from trainguard.layers import Layer, LayerConfig, LayerError
+from trainguard.contract.findings import Finding
+from trainguard.layers import InvalidCheckpointError, Layer, LayerConfig, LayerError
 from trainguard.layers.lineage import Lineage
 
 PENDING = "pending"
@@ -168,6 +177,7 @@ class Shipper(threading.Thread):
         self._states = {layer.config.name: LayerState() for layer in layers}
         self._verified: set[int] = set()
         self._invalid: set[int] = set()
+        self._findings: list[Finding] = []  # invalid checkpoints not taken by the agent yet
         self._scan_lock = threading.Lock()  # one L1 scan (and hash check) at a time
         # New checkpoints as they appeared in L1 (step, monotonic time), oldest first.
         self._arrivals: list[tuple[int, float]] = []
@@ -190,6 +200,16 @@ class Shipper(threading.Thread):
         """A copy of every layer's state (for the Lease and status)."""
         with self._lock:
             return {name: asdict(state) for name, state in self._states.items()}
+
+    def take_findings(self) -> list[Finding]:
+        """The invalid checkpoints found since the last call (the agent tells each once)."""
+        with self._lock:
+            found, self._findings = self._findings, []
+        return found
+
+    def _found(self, layer: str, step: int, problems: tuple[Problem, ...]) -> None:
+        with self._lock:
+            self._findings.append(Finding.of(layer, step, problems, FoundBy.SHIPPING))
 
     def acknowledge(self, reported: Mapping[str, Mapping[str, Any]]) -> None:
         """These layer states (as `states()` gave them) reached the operator."""
@@ -221,10 +241,14 @@ class Shipper(threading.Thread):
                     return step, path
                 if step in self._invalid:
                     continue
-                if verify(path).ok:
+                result = verify(path)
+                if result.ok:
                     self._verified.add(step)
                     return step, path
                 self._invalid.add(step)
+                # One removed by keep-last-N while it was read is gone, not invalid.
+                if path.exists():
+                    self._found(L1_LAYER, step, result.problems)
             return None
 
     def _l1_dirs(self) -> list[tuple[int, Path]]:
@@ -329,6 +353,8 @@ class Shipper(threading.Thread):
         except (OSError, CheckpointInvalidError) as err:
             if not path.exists():
                 return  # removed by keep-last-N since the scan: a newer one is there to ship
+            if isinstance(err, CheckpointInvalidError):
+                self._found(L1_LAYER, step, err.problems)  # changed since it was hashed
             self._failed(name, step, now, f"{name}: pin of step {step}: {err}")
             return
         self._begin(layer.config, step, now)
@@ -337,10 +363,16 @@ class Shipper(threading.Thread):
                 layer.put(pinned, _Progress(self, name))
             finally:
                 self._unpin(step)
-            layer.prune(layer.config.keep, self._lineage(layer))
+            pruned = layer.prune(layer.config.keep, self._lineage(layer))
+        except InvalidCheckpointError as err:
+            self._found(name, err.step, err.problems)  # the copy it left does not verify
+            self._failed(name, step, now, str(err))
+            return
         except (LayerError, OSError) as err:
             self._failed(name, step, now, str(err))
             return
+        for ref, problems in pruned.invalid.items():
+            self._found(name, ref.step, problems)
         self._shipped_at[name] = now
         with self._lock:
             shipped = self._states[name].shipped + 1

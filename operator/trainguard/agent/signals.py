@@ -30,6 +30,7 @@ from trainguard import gpu
 from trainguard.agent.verdicts import Signals
 from trainguard.ckpt import MANIFEST_FILENAME, parse_step_dirname
 from trainguard.contract.files import read_json, read_supervised_child
+from trainguard.contract.findings import HEARTBEAT_FIELD, Finding, read_findings
 
 # /proc states of a process that is gone: no entry, or a zombie waiting to be reaped.
 GONE = (None, "Z")
@@ -48,6 +49,8 @@ class Heartbeat:
     phase: str | None
     tokens_per_s: float | None
     reserved_mib: float | None
+    # The invalid checkpoints the harness found in L1, its newest (`contract.findings`).
+    invalid_checkpoints: tuple[Finding, ...] = ()
 
 
 def parse_heartbeat(data: dict[str, Any]) -> Heartbeat:
@@ -73,6 +76,7 @@ def parse_heartbeat(data: dict[str, Any]) -> Heartbeat:
         phase=str(phase) if phase else None,
         tokens_per_s=number("tokens_per_s", "tokens_per_second"),
         reserved_mib=reserved,
+        invalid_checkpoints=read_findings(data.get(HEARTBEAT_FIELD)),
     )
 
 
@@ -203,6 +207,8 @@ class Collector:
         self.step_changed_at: float | None = None
         self.pid_seen_at: float = 0.0
         self.last_heartbeat: Heartbeat | None = None
+        # What the last heartbeat read lists as invalid in L1, whichever trainer wrote it.
+        self.findings: tuple[Finding, ...] = ()
         self.last_gpu: gpu.GpuSnapshot | None = None
         self.gpu_fresh = False
 
@@ -212,6 +218,8 @@ class Collector:
         supervisor = self.supervisor_file
         child = None if supervisor is None else read_supervised_child(supervisor)
         self._follow(beat, child, now)
+        # L1 is the run's: what any trainer found there counts, before its death too.
+        self.findings = () if beat is None else beat.invalid_checkpoints
         # The heartbeat of the process watched; None: no heartbeat (yet, or ever) from it.
         beat = beat if beat is not None and beat.pid == self.pid else None
         self.beats = self.beats or beat is not None

@@ -51,6 +51,9 @@ ANNOTATION_RESTORED = f"{PREFIX}restored"
 # The init steps' summaries (JSON, the fields of status.preflight / status.staging).
 ANNOTATION_PREFLIGHT = f"{PREFIX}preflight"
 ANNOTATION_STAGING = f"{PREFIX}staging"
+# The invalid checkpoints the agent told of: per layer how many, and the last one (JSON,
+# `trainguard.contract.findings`).
+ANNOTATION_INVALID_CHECKPOINTS = f"{PREFIX}invalid-checkpoints"
 # When the agent's current verdict began (its clock, RFC 3339): a failure verdict with a new
 # start is a new failure, even when the operator never saw the Healthy in between.
 ANNOTATION_VERDICT_SINCE = f"{PREFIX}verdict-since"
@@ -199,6 +202,14 @@ class ShippingState(StrEnum):
     FAILED = "Failed"
 
 
+class FoundBy(StrEnum):
+    """The check that found a checkpoint invalid (`trainguard.contract.findings`)."""
+
+    RESTORE = "Restore"  # the restore init step, choosing what to resume from
+    SHIPPING = "Shipping"  # the agent's shipper: before an upload, after it, or its keep-N
+    SCAN = "Scan"  # the trainer harness's L1 scans: resume, keep-last-N, a save of the same step
+
+
 class StagingPhase(StrEnum):
     """Phase of the stage-data init step, as it reports it."""
 
@@ -272,7 +283,7 @@ class Reason(StrEnum):
     # Checkpoints.
     CHECKPOINT_SAVED = "CheckpointSaved"
     CHECKPOINT_SHIPPED = "CheckpointShipped"
-    CHECKPOINT_INVALID = "CheckpointInvalid"
+    INVALID_CHECKPOINT = "InvalidCheckpoint"
     SHIPPING_FAILED = "ShippingFailed"
     # Monitoring.
     HEALTHY = "Healthy"

@@ -17,6 +17,7 @@ from trainguard.api.constants import (
     CheckResult,
     ConditionStatus,
     Contents,
+    FoundBy,
     Phase,
     ShippingState,
     StagingPhase,
@@ -28,6 +29,8 @@ MAX_CONDITIONS = 32
 MAX_EXCLUDED_NODES = 256
 MAX_LAYERS = 16
 MAX_FENCES = 64
+# A finding's file and reason: the agent cuts them far shorter (`trainguard.contract.findings`).
+MAX_FINDING_TEXT = 1024
 MAX_MESSAGE_LENGTH = 32768
 MAX_REASON_LENGTH = 1024
 # metav1.Condition's patterns and bounds.
@@ -114,7 +117,10 @@ class LayerCheckpoint(StatusModel):
         description="Layer name: l1, or a remote layer's name."
     )
     step: int | None = Field(default=None, ge=0, description="Step of its newest checkpoint.")
-    time: Timestamp | None = Field(default=None, description="When that checkpoint was saved.")
+    time: Timestamp | None = Field(
+        default=None,
+        description="When the operator first saw that checkpoint verified on the layer.",
+    )
     verified: bool = Field(
         default=False, description="Whether every file matched its manifest's size and hash."
     )
@@ -135,6 +141,48 @@ class Fence(StatusModel):
         "checkpoints up to this step only; none: it reported none, and none is used.",
     )
     time: Timestamp = Field(description="When the next attempt was started.")
+
+
+LayerName = Annotated[str, Field(min_length=1, max_length=MAX_LABEL_LENGTH)]
+FindingText = Annotated[str, Field(min_length=1, max_length=MAX_FINDING_TEXT)]
+
+
+class InvalidCheckpoint(StatusModel):
+    """A checkpoint found invalid: on which layer, what is wrong with it, which check found it.
+
+    It is skipped (never restored from) and kept for inspection, never deleted.
+    """
+
+    layer: LayerName = Field(description="Layer name: l1, or a remote layer's name.")
+    step: int | None = Field(default=None, ge=0, description="Step of the checkpoint.")
+    file: FindingText | None = Field(
+        default=None,
+        description="File within the checkpoint that is wrong; none: the checkpoint as a whole "
+        "(e.g. its manifest missing).",
+    )
+    reason: FindingText = Field(
+        description="What is wrong, e.g. xxh3-128 hash mismatch, size 10 != 12 in the manifest, "
+        "missing MANIFEST.json."
+    )
+    found: FoundBy = Field(
+        description="The check that found it: Restore (the restore step), Shipping (the agent, "
+        "before or after an upload, or its keep-N on the layer) or Scan (the trainer's L1 "
+        "scans: resume, keep-last-N, a save of the same step)."
+    )
+    time: Timestamp = Field(description="When it was found (the pod's clock).")
+    attempt: int | None = Field(default=None, ge=1, description="Attempt whose pod found it.")
+
+
+class InvalidCheckpointCount(StatusModel):
+    """How many invalid checkpoints an attempt's agent told of on one layer."""
+
+    layer: LayerName = Field(description="Layer name: l1, or a remote layer's name.")
+    attempt: int = Field(ge=1, description="The attempt whose agent told of them.")
+    count: int = Field(
+        ge=0,
+        description="Invalid checkpoints found on the layer during the attempt (each told once, "
+        "with a Warning Event InvalidCheckpoint).",
+    )
 
 
 class Failure(StatusModel):
@@ -283,6 +331,15 @@ class TrainingRunStatus(StatusModel):
         json_schema_extra=map_list("attempt"),
     )
     last_failure: Failure | None = Field(default=None, description="The last failure.")
+    last_invalid_checkpoint: InvalidCheckpoint | None = Field(
+        default=None, description="The last checkpoint found invalid, of any attempt."
+    )
+    invalid_checkpoints: list[InvalidCheckpointCount] = Field(
+        default_factory=list,
+        max_length=MAX_LAYERS,
+        description="Invalid checkpoints the current attempt found, per layer.",
+        json_schema_extra=map_list("layer"),
+    )
     preflight: Preflight | None = Field(
         default=None, description="The newest preflight result, with its figures."
     )

@@ -36,6 +36,7 @@ from trainguard.ckpt.pin import (
 from trainguard.ckpt.retention import PruneResult, prune, remove_checkpoint_dir, remove_partials
 from trainguard.ckpt.txn import CheckpointTransaction, CheckpointWriteError, Committed
 from trainguard.ckpt.verify import (
+    Problem,
     Scan,
     Search,
     Verification,
@@ -61,6 +62,7 @@ __all__ = [
     "Contents",
     "FileEntry",
     "Manifest",
+    "Problem",
     "PruneResult",
     "Scan",
     "Search",

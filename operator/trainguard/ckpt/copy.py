@@ -15,11 +15,15 @@ from pathlib import Path
 from trainguard.ckpt.hashing import CHUNK_BYTES, new_hasher
 from trainguard.ckpt.manifest import Contents
 from trainguard.ckpt.txn import CheckpointTransaction, Committed
-from trainguard.ckpt.verify import verify
+from trainguard.ckpt.verify import Problem, verify
 
 
 class CheckpointInvalidError(RuntimeError):
-    """The source checkpoint does not verify (before or during the copy)."""
+    """The source checkpoint does not verify (before or during the copy): its problems."""
+
+    def __init__(self, source: str | os.PathLike[str], problems: tuple[Problem, ...]) -> None:
+        super().__init__(f"{source}: " + "; ".join(str(problem) for problem in problems))
+        self.problems = problems
 
 
 def copy_checkpoint(
@@ -36,7 +40,7 @@ def copy_checkpoint(
     """
     quick = verify(source, check_hashes=False)
     if quick.manifest is None or not quick.ok:
-        raise CheckpointInvalidError(f"{source}: " + "; ".join(quick.reasons))
+        raise CheckpointInvalidError(source, quick.problems)
     manifest = quick.manifest
     entries = [entry for entry in manifest.files if paths is None or entry.path in paths]
     missing = set(paths or ()) - {entry.path for entry in entries}
@@ -65,5 +69,6 @@ def copy_checkpoint(
                     source_hasher.update(view[:count])
                     writer.write(view[:count])
             if source_hasher.hexdigest() != entry.hash:
-                raise CheckpointInvalidError(f"{source}: {entry.path} changed or is corrupt")
+                corrupt = Problem(entry.path, f"{manifest.hash_algorithm} hash mismatch")
+                raise CheckpointInvalidError(source, (corrupt,))
         return txn.commit(timestamp=manifest.time)

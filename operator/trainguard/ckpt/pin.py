@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from trainguard.ckpt.copy import CheckpointInvalidError, copy_checkpoint
 from trainguard.ckpt.layout import PIN_PREFIX, hidden_name, parse_step_dirname
 from trainguard.ckpt.manifest import MANIFEST_FILENAME, Manifest
-from trainguard.ckpt.verify import verify
+from trainguard.ckpt.verify import Problem, verify
 
 # Checkpoints one shipper pins at most at once: it uploads at most this many at a time, one pin
 # each (layers shipping the same checkpoint share its pin).
@@ -69,7 +69,7 @@ def pin_checkpoint(checkpoint: Path) -> Path:
             copy_checkpoint(checkpoint, holder)
         result = verify(pinned, check_hashes=False)
         if not result.ok:
-            raise CheckpointInvalidError(f"{checkpoint}: " + "; ".join(result.reasons))
+            raise CheckpointInvalidError(checkpoint, result.problems)
     except BaseException:
         shutil.rmtree(holder, ignore_errors=True)
         raise
@@ -84,7 +84,8 @@ def _link_files(checkpoint: Path, pinned: Path) -> None:
     try:
         manifest = Manifest.from_json_bytes((pinned / MANIFEST_FILENAME).read_bytes())
     except ValidationError as error:
-        raise CheckpointInvalidError(f"{checkpoint}: malformed {MANIFEST_FILENAME}") from error
+        malformed = Problem(None, f"malformed {MANIFEST_FILENAME}")
+        raise CheckpointInvalidError(checkpoint, (malformed,)) from error
     for entry in manifest.files:
         target = pinned / entry.path
         target.parent.mkdir(parents=True, exist_ok=True)

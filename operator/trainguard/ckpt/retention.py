@@ -3,7 +3,9 @@
 Rules (DESIGN.md "Checkpoints"): the newest N checkpoints that verify are kept; older valid
 ones are removed; invalid ones are never removed here, only reported; and because only
 checkpoints older than N fully verified ones are candidates, the newest verified checkpoint is
-never removed before a newer one has verified.
+never removed before a newer one has verified. An older one is checked by its manifest and
+sizes only (reading it whole before removing it would cost a full read of every checkpoint):
+one whose hashes a reader found wrong is named by the caller (`known_invalid`) and kept too.
 """
 
 from __future__ import annotations
@@ -39,12 +41,17 @@ def remove_checkpoint_dir(path: Path, step: int) -> None:
 
 
 def prune(
-    root: str | os.PathLike[str], keep_last: int, *, verified: Collection[Path] = ()
+    root: str | os.PathLike[str],
+    keep_last: int,
+    *,
+    verified: Collection[Path] = (),
+    known_invalid: Collection[Path] = (),
 ) -> PruneResult:
     """Apply keep-last-N to `root` (see the module docstring for the rules).
 
     `verified` names checkpoints the caller has just verified in full (a writer reading back
-    what it wrote): their hashes are not read again.
+    what it wrote): their hashes are not read again. `known_invalid` names checkpoints the
+    caller found invalid (a reader's hash mismatch, already reported): never removed nor counted.
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, got {keep_last}")
@@ -52,6 +59,8 @@ def prune(
     deleted: list[Path] = []
     invalid: list[Verification] = []
     for step, path in list_checkpoint_dirs(root):
+        if path in known_invalid:
+            continue
         # Only the N kept ones need their hashes checked; an older one just needs to look
         # complete (manifest and sizes) to be recognised as a superseded checkpoint.
         result = verify(path, check_hashes=len(kept) < keep_last and path not in verified)

@@ -51,7 +51,7 @@ from trainguard.ckpt.manifest import (
     FileEntry,
     Manifest,
 )
-from trainguard.ckpt.verify import verify
+from trainguard.ckpt.verify import Problem, verify
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -181,12 +181,14 @@ class Committed:
     """A checkpoint made durable: where it is, its manifest, what it displaced.
 
     `quarantined` is set when an invalid directory of the same step was in the way: it was
-    moved aside under a hidden `.invalid-` name (kept for inspection, reported, never deleted).
+    moved aside under a hidden `.invalid-` name (kept for inspection, reported, never deleted);
+    `quarantined_problems` says what was wrong with it.
     """
 
     path: Path
     manifest: Manifest
     quarantined: Path | None
+    quarantined_problems: tuple[Problem, ...] = ()
 
 
 class CheckpointTransaction:
@@ -282,31 +284,34 @@ class CheckpointTransaction:
         finally:
             os.close(fd)
         fsync_path(self.tmp_dir)
-        superseded, quarantined = self._move_existing_target_aside()
+        superseded, quarantined, problems = self._move_existing_target_aside()
         os.rename(self.tmp_dir, self.target)
         fsync_path(self.root)
         self._done = True
         if superseded is not None:
             # Removed only now that its replacement is durable under the same name.
             shutil.rmtree(superseded)
-        return Committed(path=self.target, manifest=manifest, quarantined=quarantined)
+        return Committed(self.target, manifest, quarantined, problems)
 
-    def _move_existing_target_aside(self) -> tuple[Path | None, Path | None]:
+    def _move_existing_target_aside(
+        self,
+    ) -> tuple[Path | None, Path | None, tuple[Problem, ...]]:
         """Clear the way when a directory of the same step already exists.
 
-        Returns (superseded, quarantined): a valid one is moved to a hidden `.deleting-` name to
-        be removed after the commit; an invalid one to a hidden `.invalid-` name, where it is
-        kept for inspection, never read again and never silently lost.
+        Returns (superseded, quarantined, its problems): a valid one is moved to a hidden
+        `.deleting-` name to be removed after the commit; an invalid one to a hidden `.invalid-`
+        name, where it is kept for inspection, never read again and never silently lost.
         """
         if not self.target.exists():
-            return None, None
-        if verify(self.target).ok:
+            return None, None, ()
+        found = verify(self.target)
+        if found.ok:
             superseded = self.root / hidden_name(DELETING_PREFIX, self.step)
             os.rename(self.target, superseded)
-            return superseded, None
+            return superseded, None, ()
         quarantined = self.root / hidden_name(INVALID_PREFIX, self.step)
         os.rename(self.target, quarantined)
-        return None, quarantined
+        return None, quarantined, found.problems
 
     def abort(self) -> None:
         """Remove the temporary directory; the root is left as it was before the transaction."""

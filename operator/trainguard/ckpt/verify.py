@@ -1,8 +1,9 @@
 """Verifying checkpoints and scanning a checkpoint root.
 
 Valid = the manifest parses, names this format version and a known hash algorithm, matches the
-directory's step, and every listed file exists with the recorded size and hash. Every reason a
-checkpoint fails is collected (not just the first), so reports say everything that is wrong.
+directory's step, and every listed file exists with the recorded size and hash. Every problem
+of a checkpoint is collected (not just the first), each naming the file it concerns (none for
+the checkpoint as a whole), so reports say everything that is wrong and where.
 Invalid checkpoints are reported and skipped by every reader here; nothing here deletes them.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import ValidationError
 
@@ -25,6 +27,20 @@ from trainguard.ckpt.layout import (
 from trainguard.ckpt.manifest import FORMAT_VERSION, MANIFEST_FILENAME, Manifest
 
 
+class Problem(NamedTuple):
+    """One thing wrong with a checkpoint: the file it concerns and what is wrong with it.
+
+    `file` is the path within the checkpoint, None when the checkpoint as a whole is (its
+    manifest missing or malformed, another step's).
+    """
+
+    file: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason if self.file is None else f"{self.file}: {self.reason}"
+
+
 @dataclass(frozen=True)
 class Verification:
     """The result of verifying one checkpoint directory."""
@@ -32,12 +48,17 @@ class Verification:
     path: Path
     step: int | None
     manifest: Manifest | None
-    reasons: tuple[str, ...]
+    problems: tuple[Problem, ...]
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Every problem as one line (`file: reason`)."""
+        return tuple(str(problem) for problem in self.problems)
 
     @property
     def ok(self) -> bool:
-        """True when the checkpoint is valid (no reasons against it)."""
-        return self.manifest is not None and not self.reasons
+        """True when the checkpoint is valid (no problems)."""
+        return self.manifest is not None and not self.problems
 
 
 def verify(
@@ -54,22 +75,24 @@ def verify(
     try:
         raw = (directory / MANIFEST_FILENAME).read_bytes()
     except FileNotFoundError:
-        return Verification(directory, step, None, (f"missing {MANIFEST_FILENAME}",))
+        return Verification(directory, step, None, (Problem(None, f"missing {MANIFEST_FILENAME}"),))
     except OSError as error:
-        return Verification(directory, step, None, (f"unreadable {MANIFEST_FILENAME}: {error}",))
+        unreadable = Problem(None, f"unreadable {MANIFEST_FILENAME}: {error}")
+        return Verification(directory, step, None, (unreadable,))
     try:
         manifest = Manifest.from_json_bytes(raw)
     except ValidationError as error:
         first = error.errors()[0]
         detail = f"{'.'.join(str(part) for part in first['loc'])}: {first['msg']}"
-        return Verification(directory, step, None, (f"malformed {MANIFEST_FILENAME}: {detail}",))
-    reasons = _manifest_reasons(manifest, step)
-    if not reasons:
-        reasons = _file_reasons(directory, manifest, check_hashes=check_hashes, direct=direct)
-    return Verification(directory, manifest.step, manifest, tuple(reasons))
+        malformed = Problem(None, f"malformed {MANIFEST_FILENAME}: {detail}")
+        return Verification(directory, step, None, (malformed,))
+    problems = _manifest_problems(manifest, step)
+    if not problems:
+        problems = _file_problems(directory, manifest, check_hashes=check_hashes, direct=direct)
+    return Verification(directory, manifest.step, manifest, tuple(problems))
 
 
-def _manifest_reasons(manifest: Manifest, dir_step: int | None) -> list[str]:
+def _manifest_problems(manifest: Manifest, dir_step: int | None) -> list[Problem]:
     reasons = []
     if manifest.format_version != FORMAT_VERSION:
         reasons.append(f"unsupported format_version {manifest.format_version}")
@@ -79,36 +102,36 @@ def _manifest_reasons(manifest: Manifest, dir_step: int | None) -> list[str]:
         new_hasher(manifest.hash_algorithm)
     except UnknownHashAlgorithmError as error:
         reasons.append(str(error))
-    return reasons
+    return [Problem(None, reason) for reason in reasons]
 
 
-def _file_reasons(
+def _file_problems(
     directory: Path, manifest: Manifest, *, check_hashes: bool, direct: bool
-) -> list[str]:
-    reasons = []
+) -> list[Problem]:
+    problems = []
     for entry in manifest.files:
         file_path = directory / entry.path
         try:
             size = file_path.stat().st_size
         except FileNotFoundError:
-            reasons.append(f"{entry.path}: missing")
+            problems.append(Problem(entry.path, "missing"))
             continue
         except OSError as error:
-            reasons.append(f"{entry.path}: unreadable: {error}")
+            problems.append(Problem(entry.path, f"unreadable: {error}"))
             continue
         if size != entry.size:
-            reasons.append(f"{entry.path}: size {size} != {entry.size} in the manifest")
+            problems.append(Problem(entry.path, f"size {size} != {entry.size} in the manifest"))
             continue
         if not check_hashes:
             continue
         try:
             _, digest = hash_file(file_path, manifest.hash_algorithm, direct=direct)
         except OSError as error:
-            reasons.append(f"{entry.path}: unreadable: {error}")
+            problems.append(Problem(entry.path, f"unreadable: {error}"))
             continue
         if digest != entry.hash:
-            reasons.append(f"{entry.path}: {manifest.hash_algorithm} hash mismatch")
-    return reasons
+            problems.append(Problem(entry.path, f"{manifest.hash_algorithm} hash mismatch"))
+    return problems
 
 
 @dataclass(frozen=True)

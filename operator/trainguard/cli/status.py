@@ -1,10 +1,11 @@
 """`trainguard status <run>`: a run's story, from its status and Events, for a terminal.
 
 The rendering is pure (`render(run, events)`): where the run is now (phase, verdict, attempt,
-node, step), its checkpoints per layer, the nodes it excludes, its detections (each failure
-the operator acted on, and what it did), its restores, and then every Event in order, the
-operator's and the agent's. Events are matched to the run by UID, so those of an earlier run
-of the same name are left out. `main` reads the run and its Events with the operator's client.
+node, step), its checkpoints per layer and the last one found invalid, the nodes it excludes,
+its detections (each failure the operator acted on, and what it did), its restores, and then
+every Event in order, the operator's and the agent's. Events are matched to the run by UID, so
+those of an earlier run of the same name are left out. `main` reads the run and its Events with
+the operator's client.
 """
 
 from __future__ import annotations
@@ -140,9 +141,23 @@ def _checkpoints(status: Obj) -> list[str]:
                 detail += f": {shipping['message']}"
         verified = "yes" if layer.get("verified") else "no"
         rows.append((str(layer["layer"]), _value(layer.get("step")), verified, detail))
+    invalid = _last_invalid(status)
     if len(rows) == 1:
-        return ["Checkpoints: none yet"]
-    return ["Checkpoints", *_table(rows)]
+        return ["Checkpoints: none yet", *invalid]
+    return ["Checkpoints", *_table(rows), *invalid]
+
+
+def _last_invalid(status: Obj) -> list[str]:
+    """The last checkpoint found invalid (skipped and kept), as one line; none: no line."""
+    last = status.get("lastInvalidCheckpoint")
+    if not last:
+        return []
+    file = f", {last['file']}" if last.get("file") else ""
+    found = f"found by {_value(last.get('found'))} (attempt {_value(last.get('attempt'))})"
+    return [
+        f"  last invalid: layer {last.get('layer')}, step {_value(last.get('step'))}{file}: "
+        f"{last.get('reason')}; {found} at {_clock(last.get('time'))}, kept"
+    ]
 
 
 def _exclusions(status: Obj) -> list[str]:

@@ -14,6 +14,9 @@ of the pod. What each file is, who writes it and who reads it:
 | `staging.json` | `trainguard stage-data` | the agent (`trainguard.contract.reports`) |
 | `restore.json` | `trainguard restore` | the agent (`read_restore_report`) |
 
+The heartbeat also carries the invalid checkpoints the harness found, and `restore.json` those
+the restore step found (`trainguard.contract.findings`).
+
 Paths come from `PodEnv` (`heartbeat`, `gpu`, `supervisor_file`, `kill_request_file`, `stacks_file`,
 `report_file`); the names are defined here and nowhere else. Every writer replaces its file
 atomically (`write_atomic`), so a reader never sees half of one and `read_json` returns None
@@ -28,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from trainguard.contract.findings import Finding, read_findings
 
 HEARTBEAT_FILENAME = "heartbeat.json"
 GPU_FILENAME = "gpu.json"
@@ -120,6 +125,8 @@ def read_supervised_child(path: Path) -> int | None:
 class RestoreReport:
     """What `trainguard restore` did: the step it brought into L1, from which layer and attempt.
 
+    `skipped`: what it could not use, one line each (invalid checkpoints, layers it could not
+    list or fetch from); `findings`: the invalid checkpoints among them, one record each.
     `fenced`: the checkpoints it ignored because a superseded attempt shipped them after its
     fence (`trainguard.layers.lineage`), one line each.
     """
@@ -129,6 +136,7 @@ class RestoreReport:
     skipped: tuple[str, ...] = ()
     origin: str | None = None
     fenced: tuple[str, ...] = ()
+    findings: tuple[Finding, ...] = ()
 
     def line(self) -> str:
         """A one-line account for the agent's log and the run's Events."""
@@ -141,7 +149,9 @@ class RestoreReport:
 def write_restore_report(path: Path, report: RestoreReport) -> None:
     """Leave the restore step's report in the state directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, asdict(report))
+    data = asdict(report)
+    data["findings"] = [finding.to_dict() for finding in report.findings]
+    write_json(path, data)
 
 
 def read_restore_report(path: Path) -> RestoreReport | None:
@@ -158,4 +168,5 @@ def read_restore_report(path: Path) -> RestoreReport | None:
         skipped=tuple(str(line) for line in data.get("skipped") or ()),
         origin=str(origin) if origin else None,
         fenced=tuple(str(line) for line in data.get("fenced") or ()),
+        findings=read_findings(data.get("findings")),
     )

@@ -2,7 +2,10 @@
 
 It picks the newest checkpoint that verifies across L1 and every full-content remote layer,
 preferring the cheapest source among equal steps, fetches it into L1, and leaves what it did
-in the state directory's restore report for the agent and the run's status.
+in the state directory's restore report for the agent and the run's status. Every checkpoint
+it finds invalid (in L1, or a remote one that does not verify or whose fetch finds a file
+differing from its manifest) is skipped, never deleted, and recorded as a finding
+(`trainguard.contract.findings`), which the agent tells as a Warning Event.
 
 Only checkpoints of the run's lineage are candidates (`trainguard.layers.lineage`): a
 superseded attempt's checkpoints count up to its fence, the newest step it reported; what it
@@ -16,7 +19,8 @@ import argparse
 import os
 from pathlib import Path
 
-from trainguard.ckpt import Contents, scan
+from trainguard.api.constants import L1_LAYER, FoundBy
+from trainguard.ckpt import Contents, Problem, scan
 from trainguard.contract.env import PodEnv
 from trainguard.contract.files import (
     RESTORE_FILENAME,
@@ -24,11 +28,21 @@ from trainguard.contract.files import (
     share_with_pod,
     write_restore_report,
 )
-from trainguard.layers import COST, Layer, LayerConfig, LayerError, open_layer
+from trainguard.contract.findings import Finding
+from trainguard.layers import (
+    COST,
+    InvalidCheckpointError,
+    Layer,
+    LayerConfig,
+    LayerError,
+    open_layer,
+)
 from trainguard.layers.lineage import CheckpointRef, Lineage, Origin
 
 # The report lists at most this many fenced checkpoints (the newest), then how many more.
 MAX_FENCED_LISTED = 10
+# The report records at most this many invalid checkpoints (the first found).
+MAX_FINDINGS = 32
 
 
 def restore(l1: Path, layers: list[Layer], lineage: Lineage | None = None) -> RestoreReport:
@@ -38,13 +52,20 @@ def restore(l1: Path, layers: list[Layer], lineage: Lineage | None = None) -> Re
     """
     candidates: list[tuple[int, int, str, Layer | None, CheckpointRef | None]] = []
     skipped: list[str] = []
+    findings: list[Finding] = []
     fenced: list[tuple[CheckpointRef, str]] = []
+
+    def invalid(layer: str, step: int | None, problems: tuple[Problem, ...], line: str) -> None:
+        skipped.append(line)
+        findings.append(Finding.of(layer, step, problems, FoundBy.RESTORE))
+
     local = scan(l1) if l1.exists() else None
     if local is not None:
         for v in local.valid:
             if v.step is not None:
-                candidates.append((v.step, COST["l1"], "l1", None, None))
-        skipped += [f"l1 {v.path.name}: {'; '.join(v.reasons)}" for v in local.invalid]
+                candidates.append((v.step, COST[L1_LAYER], L1_LAYER, None, None))
+        for v in local.invalid:
+            invalid(L1_LAYER, v.step, v.problems, f"l1 {v.path.name}: {'; '.join(v.reasons)}")
     for layer in layers:
         if layer.config.contents != Contents.FULL.value:
             continue  # weights alone cannot resume optimizer and data position
@@ -64,20 +85,36 @@ def restore(l1: Path, layers: list[Layer], lineage: Lineage | None = None) -> Re
     report = _fenced_lines(fenced)
     # Newest step first; among equal steps the cheapest source, then the newest attempt.
     ordered = sorted(candidates, key=lambda c: (-c[0], c[1], -(c[4].origin.attempt if c[4] else 0)))
+    chosen_step: int | None = None
+    chosen_layer: str | None = None
+    origin: str | None = None
     for step, _, name, source, chosen in ordered:
         if source is None or chosen is None:
-            return RestoreReport(step, name, tuple(skipped), fenced=report)
-        problems = source.verify(chosen)
+            chosen_step, chosen_layer = step, name
+            break
+        problems = tuple(source.verify(chosen))
         if problems:
-            skipped.append(f"{name} {chosen}: {'; '.join(problems)[:200]}")
+            lines = "; ".join(str(problem) for problem in problems)
+            invalid(name, step, problems, f"{name} {chosen}: {lines[:200]}")
             continue
         try:
             source.fetch(chosen, l1)
+        except InvalidCheckpointError as err:
+            invalid(name, step, err.problems, f"{name} {chosen}: {err}")
+            continue
         except (LayerError, OSError) as err:
             skipped.append(f"{name} {chosen}: {err}")
             continue
-        return RestoreReport(step, name, tuple(skipped), origin=str(chosen.origin), fenced=report)
-    return RestoreReport(None, None, tuple(skipped), fenced=report)
+        chosen_step, chosen_layer, origin = step, name, str(chosen.origin)
+        break
+    return RestoreReport(
+        chosen_step,
+        chosen_layer,
+        tuple(skipped),
+        origin=origin,
+        fenced=report,
+        findings=tuple(findings[:MAX_FINDINGS]),
+    )
 
 
 def _fenced_lines(fenced: list[tuple[CheckpointRef, str]]) -> tuple[str, ...]:

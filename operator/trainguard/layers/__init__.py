@@ -41,8 +41,10 @@ from trainguard.api.constants import (
 from trainguard.api.spec import DEFAULT_REMOTE_KEEP, RemoteLayer
 from trainguard.ckpt import (
     MANIFEST_FILENAME,
+    CheckpointInvalidError,
     Contents,
     FileEntry,
+    Problem,
     copy_checkpoint,
     list_checkpoint_dirs,
     remove_checkpoint_dir,
@@ -54,6 +56,7 @@ from trainguard.layers.lineage import (
     CheckpointRef,
     Lineage,
     Origin,
+    Pruning,
     parse_origin,
     prune_plan,
 )
@@ -71,6 +74,20 @@ COST = {"l1": 0, "file": 1, "s3": 2, "ssh": 3, "hf": 4}
 
 class LayerError(RuntimeError):
     """A layer operation failed (the message names the layer and the cause)."""
+
+
+class InvalidCheckpointError(LayerError):
+    """A checkpoint on the layer does not verify (a fetch, or the copy a put left there).
+
+    Unlike other layer errors it is a finding about the checkpoint, not about the layer's
+    reachability: `step` and `problems` (each naming a file) say which and what.
+    """
+
+    def __init__(self, layer: str, step: int, problems: tuple[Problem, ...]) -> None:
+        super().__init__(f"{layer}: step {step}: " + "; ".join(str(p) for p in problems))
+        self.layer = layer
+        self.step = step
+        self.problems = problems
 
 
 @dataclass(frozen=True)
@@ -142,12 +159,15 @@ class Layer(Protocol):
         """Download one checkpoint into `dest_root` (verified); return its directory."""
         ...
 
-    def verify(self, ref: CheckpointRef) -> list[str]:
+    def verify(self, ref: CheckpointRef) -> list[Problem]:
         """Problems of the remote copy (empty when it verifies)."""
         ...
 
-    def prune(self, keep: int, lineage: Lineage | None = None) -> list[CheckpointRef]:
-        """Delete all but the newest `keep` verified checkpoints of the lineage; return them."""
+    def prune(self, keep: int, lineage: Lineage | None = None) -> Pruning:
+        """Delete all but the newest `keep` verified checkpoints of the lineage.
+
+        Never an invalid one: those are kept, and returned beside the ones deleted.
+        """
         ...
 
 
@@ -246,6 +266,10 @@ class FileLayer:
             raise LayerError(f"{self.config.name}: {checkpoint} has no valid manifest")
         ref = CheckpointRef(manifest.step, self.origin)
         if (self.root / ref.path / MANIFEST_FILENAME).exists():
+            # Shipped before (an earlier try of this attempt): it counts only if it verifies.
+            problems = self.verify(ref)
+            if problems:
+                raise InvalidCheckpointError(self.config.name, ref.step, tuple(problems))
             return ref
         paths = None
         contents = None
@@ -260,7 +284,7 @@ class FileLayer:
             raise LayerError(f"{self.config.name}: copy of step {manifest.step}: {err}") from err
         problems = self.verify(ref)
         if problems:
-            raise LayerError(f"{self.config.name}: remote copy does not verify: {problems}")
+            raise InvalidCheckpointError(self.config.name, ref.step, tuple(problems))
         if transfer is not None:
             shipped = (e.size for e in manifest.files if paths is None or e.path in paths)
             total = sum(shipped)
@@ -272,25 +296,33 @@ class FileLayer:
         """Copy one checkpoint back, verifying every byte."""
         try:
             committed = copy_checkpoint(self.root / ref.path, dest_root)
+        except CheckpointInvalidError as err:
+            raise InvalidCheckpointError(self.config.name, ref.step, err.problems) from err
         except (OSError, ValueError, RuntimeError) as err:
             raise LayerError(f"{self.config.name}: fetch of {ref}: {err}") from err
         return Path(committed.path)
 
-    def verify(self, ref: CheckpointRef) -> list[str]:
+    def verify(self, ref: CheckpointRef) -> list[Problem]:
         """Verify the copy on the layer (sizes and hashes)."""
-        result = verify(self.root / ref.path)
-        return list(result.reasons)
+        return list(verify(self.root / ref.path).problems)
 
-    def prune(self, keep: int, lineage: Lineage | None = None) -> list[CheckpointRef]:
-        """Keep-N over the lineage's checkpoints (`lineage.prune_plan`)."""
+    def prune(self, keep: int, lineage: Lineage | None = None) -> Pruning:
+        """Keep-N over the lineage's checkpoints (`lineage.prune_plan`).
+
+        The kept ones are hashed; an older one only needs its manifest and sizes to be gone.
+        A copy appears whole under its name (`copy_checkpoint`), so a step directory without
+        its manifest is no upload under way but a damaged checkpoint: invalid, kept.
+        """
         paths = self._found()
-        found = {ref: (path / MANIFEST_FILENAME).exists() for ref, path in paths.items()}
-        doomed = prune_plan(
-            found, keep, lineage or Lineage(self.origin), lambda ref: not self.verify(ref)
+        plan = prune_plan(
+            dict.fromkeys(paths, True),
+            keep,
+            lineage or Lineage(self.origin),
+            lambda ref, deep: verify(paths[ref], check_hashes=deep).problems,
         )
-        for ref in doomed:
+        for ref in plan.deleted:
             remove_checkpoint_dir(paths[ref], ref.step)
-        return sorted(ref for ref in doomed if found[ref])
+        return Pruning(sorted(plan.deleted), plan.invalid)
 
 
 def weight_files(files: Iterable[FileEntry]) -> list[str]:

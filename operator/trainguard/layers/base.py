@@ -13,13 +13,14 @@ A backend (`Store`) only moves bytes under keys `run-<uid>/attempt-<k>/step-<8 d
   manifest's size and the fingerprint recorded at upload: what the server can tell without a
   download (on SSH the remote host re-hashes every byte).
 - fetch: every file is streamed into an L1 transaction and hashed with the manifest's
-  algorithm on the way; one mismatch aborts the fetch, so a corrupt copy never lands in L1 and
-  restore falls back to an older checkpoint or another layer.
+  algorithm on the way; one mismatch aborts the fetch (`InvalidCheckpointError`, naming the
+  file), so a corrupt copy never lands in L1 and restore falls back to an older checkpoint or
+  another layer.
 - prune: keep-N over the checkpoints of the run's lineage that verify, so the newest verified
-  one is never removed before a newer one has verified; invalid ones, and checkpoints outside
-  the lineage (a superseded attempt's late uploads), are left for inspection; the manifest
-  goes first, so a half-removed checkpoint is never listed. Abandoned partial uploads older
-  than the newest kept checkpoint are removed with it.
+  one is never removed before a newer one has verified; invalid ones (reported), and
+  checkpoints outside the lineage (a superseded attempt's late uploads), are left for
+  inspection; the manifest goes first, so a half-removed checkpoint is never listed. Abandoned
+  partial uploads older than the newest kept checkpoint are removed with it.
 
 Client libraries raise many exception types; `RemoteLayer` turns each into a `LayerError`
 whose message passes through `Credentials.redact` and does not chain the original exception
@@ -41,17 +42,26 @@ from trainguard.ckpt import (
     CheckpointTransaction,
     Contents,
     Manifest,
+    Problem,
     verify,
 )
 from trainguard.layers import (
     Credentials,
+    InvalidCheckpointError,
     LayerConfig,
     LayerError,
     NoTransfer,
     Transfer,
     weight_files,
 )
-from trainguard.layers.lineage import CheckpointRef, Lineage, Origin, checkpoint_key, prune_plan
+from trainguard.layers.lineage import (
+    CheckpointRef,
+    Lineage,
+    Origin,
+    Pruning,
+    checkpoint_key,
+    prune_plan,
+)
 
 FINGERPRINTS_FILENAME = "FINGERPRINTS.json"
 # Large enough to keep a network stream busy, small enough to report progress often.
@@ -133,6 +143,8 @@ class RemoteLayer:
     def _errors(self, action: str) -> Iterator[None]:
         try:
             yield
+        except InvalidCheckpointError:
+            raise  # names the checkpoint's files and what is wrong, never a credential
         except LayerError as err:
             raise LayerError(self.credentials.redact(str(err))) from None
         except Exception as err:  # every client library has its own exception types
@@ -166,6 +178,10 @@ class RemoteLayer:
         ref = CheckpointRef(step, self.origin)
         with self._errors(f"put of step {step}"):
             if self.store.list_checkpoints().get(ref):
+                # Shipped before (an earlier try of this attempt): it counts only if it verifies.
+                problems = self.verify(ref)
+                if problems:
+                    raise InvalidCheckpointError(self.config.name, step, tuple(problems))
                 transfer.begin(0)
                 return ref
             with self.planned(checkpoint, local.manifest) as (manifest, files):
@@ -180,24 +196,27 @@ class RemoteLayer:
                 )
             # Every file was verified by its upload; the manifest must read back as written.
             if self.store.read(checkpoint_key(ref, MANIFEST_FILENAME)) != manifest_bytes:
-                raise LayerError(f"{self.config.name}: step {step}: manifest did not read back")
+                wrong = Problem(MANIFEST_FILENAME, "did not read back as written")
+                raise InvalidCheckpointError(self.config.name, step, (wrong,))
         self._verified.add(ref)
         return ref
 
-    def _manifest(self, ref: CheckpointRef) -> tuple[Manifest | None, list[str]]:
+    def _manifest(self, ref: CheckpointRef) -> tuple[Manifest | None, list[Problem]]:
         step = ref.step
         raw = self.store.read(checkpoint_key(ref, MANIFEST_FILENAME))
         if raw is None:
-            return None, [f"missing {MANIFEST_FILENAME}"]
+            return None, [Problem(None, f"missing {MANIFEST_FILENAME}")]
         try:
             manifest = Manifest.from_json_bytes(raw)
         except ValidationError as err:
-            return None, [f"malformed {MANIFEST_FILENAME}: {err.errors()[0]['msg']}"]
+            return None, [Problem(None, f"malformed {MANIFEST_FILENAME}: {err.errors()[0]['msg']}")]
         if manifest.step != step:
-            return None, [f"{MANIFEST_FILENAME} says step {manifest.step}, not {step}"]
+            return None, [
+                Problem(None, f"{MANIFEST_FILENAME} says step {manifest.step}, not {step}")
+            ]
         return manifest, []
 
-    def verify(self, ref: CheckpointRef) -> list[str]:
+    def verify(self, ref: CheckpointRef) -> list[Problem]:
         """Problems of the remote copy that the server can tell without a download."""
         with self._errors(f"verify of {ref}"):
             manifest, problems = self._manifest(ref)
@@ -206,17 +225,19 @@ class RemoteLayer:
             raw = self.store.read(checkpoint_key(ref, FINGERPRINTS_FILENAME))
             recorded: dict[str, str] = json.loads(raw) if raw is not None else {}
             if raw is None:
-                problems.append(f"missing {FINGERPRINTS_FILENAME}")
+                problems.append(Problem(None, f"missing {FINGERPRINTS_FILENAME}"))
             keys = {entry.path: checkpoint_key(ref, entry.path) for entry in manifest.files}
             stats = self.store.stats(list(keys.values()))
             for entry in manifest.files:
                 stat = stats.get(keys[entry.path])
                 if stat is None:
-                    problems.append(f"{entry.path}: missing")
+                    problems.append(Problem(entry.path, "missing"))
                 elif stat[0] != entry.size:
-                    problems.append(f"{entry.path}: size {stat[0]} != {entry.size} in the manifest")
+                    size = f"size {stat[0]} != {entry.size} in the manifest"
+                    problems.append(Problem(entry.path, size))
                 elif raw is not None and recorded.get(keys[entry.path]) != stat[1]:
-                    problems.append(f"{entry.path}: changed on the layer since it was uploaded")
+                    changed = "changed on the layer since it was uploaded"
+                    problems.append(Problem(entry.path, changed))
         if not problems:
             self._verified.add(ref)
         return problems
@@ -227,7 +248,7 @@ class RemoteLayer:
         with self._errors(f"fetch of {ref}"):
             manifest, problems = self._manifest(ref)
             if manifest is None:
-                raise LayerError(f"{self.config.name}: step {step}: {'; '.join(problems)}")
+                raise InvalidCheckpointError(self.config.name, step, tuple(problems))
             with CheckpointTransaction(
                 dest_root,
                 step,
@@ -246,29 +267,33 @@ class RemoteLayer:
                         raise
                     got = writer.close()
                     if (got.size, got.hash) != (entry.size, entry.hash):
-                        raise LayerError(
-                            f"{self.config.name}: step {step}: {entry.path}: "
-                            f"{manifest.hash_algorithm} hash or size differs from the manifest"
-                        )
+                        what = f"{manifest.hash_algorithm} hash or size differs from the manifest"
+                        wrong = Problem(entry.path, what)
+                        raise InvalidCheckpointError(self.config.name, step, (wrong,))
                 return Path(txn.commit(timestamp=manifest.time).path)
 
-    def prune(self, keep: int, lineage: Lineage | None = None) -> list[CheckpointRef]:
-        """Keep-N over the lineage's checkpoints (`lineage.prune_plan`); return those deleted.
+    def prune(self, keep: int, lineage: Lineage | None = None) -> Pruning:
+        """Keep-N over the lineage's checkpoints (`lineage.prune_plan`).
 
-        Without a lineage: this layer's origin with no fences (outside a pod).
+        Returns those deleted and the invalid ones kept. Without a lineage: this layer's origin
+        with no fences (outside a pod).
         """
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
         lineage = lineage or Lineage(self.origin)
         with self._errors("prune"):
             found = self.store.list_checkpoints()
-            doomed = prune_plan(
-                found, keep, lineage, lambda ref: ref in self._verified or not self.verify(ref)
+            plan = prune_plan(
+                found,
+                keep,
+                lineage,
+                # What the server can tell is cheap: every candidate gets the same check.
+                lambda ref, _deep: [] if ref in self._verified else self.verify(ref),
             )
-            for ref in doomed:
+            for ref in plan.deleted:
                 self.store.delete(ref)
                 self._verified.discard(ref)
-            return sorted(ref for ref in doomed if found[ref])
+            return Pruning(sorted(ref for ref in plan.deleted if found[ref]), plan.invalid)
 
 
 def _json_bytes(value: dict[str, str]) -> bytes:

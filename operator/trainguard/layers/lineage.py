@@ -28,10 +28,10 @@ fences of all superseded attempts reach the new pod (`PodEnv.fences`), and `Line
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from trainguard.ckpt import parse_step_dirname, step_dirname
+from trainguard.ckpt import Problem, parse_step_dirname, step_dirname
 
 RUN_PREFIX = "run-"
 ATTEMPT_PREFIX = "attempt-"
@@ -159,19 +159,31 @@ class Lineage:
         return self.refusal(ref) is None
 
 
+@dataclass(frozen=True)
+class Pruning:
+    """What keep-N does to a layer: the checkpoints it deletes, the invalid ones it keeps."""
+
+    deleted: list[CheckpointRef]
+    invalid: dict[CheckpointRef, tuple[Problem, ...]] = field(default_factory=dict)
+
+
 def prune_plan(
     found: Mapping[CheckpointRef, bool],
     keep: int,
     lineage: Lineage,
-    verifies: Callable[[CheckpointRef], bool],
-) -> list[CheckpointRef]:
+    problems: Callable[[CheckpointRef, bool], Sequence[Problem]],
+) -> Pruning:
     """What keep-N deletes from a layer's checkpoints (`found`: ref -> manifest present).
 
     Only checkpoints in the lineage count and only they are ever deleted: the newest `keep`
-    that verify are kept, older complete ones go (never the newest verified before a newer
-    one has verified), invalid ones stay for inspection. A partial upload in the lineage
-    older than the newest kept checkpoint was abandoned (only the newest is ever shipped)
-    and goes too. Checkpoints outside the lineage (a zombie's, one not reported yet) stay.
+    that verify are kept, older complete ones that verify go (never the newest verified before
+    a newer one has verified), and invalid ones, wherever they are, stay for inspection and are
+    reported. `problems(ref, deep)` verifies one: `deep` for the `keep` newest candidates (their
+    hashes, where the layer can tell them), a cheaper check (manifest, sizes) for an older one,
+    which only needs to be recognised as a superseded checkpoint. A partial upload in the
+    lineage older than the newest kept checkpoint was abandoned (only the newest is ever
+    shipped) and goes too. Checkpoints outside the lineage (a zombie's, one not reported yet)
+    stay.
     """
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
@@ -179,11 +191,16 @@ def prune_plan(
     complete = sorted((ref for ref in ours if found[ref]), reverse=True)
     kept: list[CheckpointRef] = []
     doomed: list[CheckpointRef] = []
+    invalid: dict[CheckpointRef, tuple[Problem, ...]] = {}
     for ref in complete:
-        if len(kept) >= keep:
-            doomed.append(ref)
-        elif verifies(ref):
+        deep = len(kept) < keep
+        wrong = tuple(problems(ref, deep))
+        if wrong:
+            invalid[ref] = wrong
+        elif deep:
             kept.append(ref)
+        else:
+            doomed.append(ref)
     if kept:
         doomed += [ref for ref in ours if not found[ref] and ref.step < kept[0].step]
-    return doomed
+    return Pruning(doomed, invalid)

@@ -29,7 +29,13 @@ from trainguard.api.constants import (
     Verdict,
 )
 from trainguard.api.quantity import human_bytes
-from trainguard.api.status import LayerCheckpoint, Preflight, Staging
+from trainguard.api.status import (
+    InvalidCheckpoint,
+    InvalidCheckpointCount,
+    LayerCheckpoint,
+    Preflight,
+    Staging,
+)
 
 # Events carry messages under 1 KiB of UTF-8 (kubectl describe stays readable); conditions
 # may hold more, but the apiserver's bound is far above anything useful.
@@ -93,6 +99,10 @@ class Observed:
     # The init steps' reports of the current attempt; None keeps what the status holds.
     preflight: Preflight | None = None
     staging: Staging | None = None
+    # The invalid checkpoints the current attempt's agent told of (`policies.findings`): its
+    # counts replace the status's; None (not renewed yet by this attempt's agent) keeps them.
+    invalid_counts: tuple[InvalidCheckpointCount, ...] | None = None
+    last_invalid: InvalidCheckpoint | None = None
 
 
 @dataclass(frozen=True)
@@ -178,7 +188,8 @@ def advance(
 
     A verdict describes one pod: a new attempt starts without one (a rescheduled run does not
     show its sick node's `GhostMemory`; `lastFailure` keeps it) until its own agent reports.
-    The steps and the layers' checkpoints are the run's progress: they carry over.
+    The steps and the layers' checkpoints are the run's progress: they carry over. So does the
+    last invalid checkpoint, until a newer one is found.
     """
     conditions: list[Condition] = list(old.conditions)
     for kind, holds in state.truth().items():
@@ -211,7 +222,11 @@ def advance(
             ),
             "preflight": observed.preflight or old.preflight,
             "staging": observed.staging or old.staging,
-            "checkpoints": merge_layers(old.checkpoints, observed.checkpoints),
+            "checkpoints": merge_layers(old.checkpoints, observed.checkpoints, now),
+            "invalid_checkpoints": old.invalid_checkpoints
+            if observed.invalid_counts is None
+            else list(observed.invalid_counts),
+            "last_invalid_checkpoint": observed.last_invalid or old.last_invalid_checkpoint,
             "start_time": old.start_time or (now if observed.started else None),
             "completion_time": old.completion_time
             or (now if state.complete or state.failed else None),
@@ -220,19 +235,24 @@ def advance(
 
 
 def merge_layers(
-    old: Sequence[LayerCheckpoint], new: Sequence[LayerCheckpoint]
+    old: Sequence[LayerCheckpoint], new: Sequence[LayerCheckpoint], now: datetime
 ) -> list[LayerCheckpoint]:
     """The status's layers updated with the agent's report: a newer step wins.
 
     A new pod's agent knows nothing of what an earlier attempt shipped: a layer it reports
     without a step (or with an older one) keeps the step the status holds, as the remote copy
-    is still there.
+    is still there. A layer's `time` is when a step was first seen there (`now`, the cycle
+    that saw it: within a resync of the verification), so its age tells how long the layer
+    has gone without a newer verified checkpoint.
     """
     merged = {layer.layer: layer for layer in old}
     for layer in new:
         before = merged.get(layer.layer)
-        if before is not None and before.step is not None and (layer.step or -1) < before.step:
-            layer = layer.model_copy(update={"step": before.step, "verified": before.verified})
+        if before is not None and before.step is not None and (layer.step or -1) <= before.step:
+            kept = {"step": before.step, "verified": before.verified, "time": before.time or now}
+            layer = layer.model_copy(update=kept)
+        elif layer.step is not None:
+            layer = layer.model_copy(update={"time": now})
         merged[layer.layer] = layer
     return [merged[name] for name in sorted(merged)]
 

@@ -11,7 +11,8 @@
 - `run_leases` (index): each run's heartbeat Lease as the agent last renewed it.
 - `lease_changed` (any event of a heartbeat Lease): a cycle at once when the agent's verdict
   turns to a failure the status does not show yet, or when it carries an init step's report
-  (preflight result, staging progress) the status lacks; other renewals wait for the resync.
+  (preflight result, staging progress) or an invalid checkpoint the status lacks; other
+  renewals wait for the resync.
 
 Cycles are `trainguard.operator.k8s.reconcile.reconcile`; they run in a thread pool through
 `asyncio.to_thread` (the Kubernetes client blocks), never two at a time for the same run.
@@ -49,7 +50,7 @@ from trainguard.operator.k8s.nodehealth import NodeChecks, health_pass
 from trainguard.operator.k8s.pods import pod_view
 from trainguard.operator.k8s.reconcile import Outcome, Settings, reconcile
 from trainguard.operator.metrics import METRICS
-from trainguard.operator.policies import initsteps, signals
+from trainguard.operator.policies import findings, initsteps, signals
 from trainguard.operator.policies.lifecycle import PodView
 from trainguard.operator.policies.signals import LeaseView
 
@@ -201,12 +202,17 @@ async def pod_changed(
 async def lease_changed(
     *, body: kopf.Body, namespace: str | None, labels: kopf.Labels, memo: Any, **kwargs: Any
 ) -> None:
-    """A cycle of the run at once when the agent reports a failure the status does not show."""
+    """A cycle of the run at once when the agent reports a failure the status does not show.
+
+    Also when it carries an init step's report or an invalid checkpoint the status lacks.
+    """
     key = (namespace, labels[LABEL_RUN])
     lease = lease_view(dict(body))
     for run in _indexed(kwargs, RUNS, key):
         status = memo.records.get(run["metadata"]["uid"]).last_status(run)
-        if signals.urgent(lease, status) or initsteps.news(run["metadata"]["name"], lease, status):
+        name = run["metadata"]["name"]
+        news = initsteps.news(name, lease, status) or findings.news(name, lease, status)
+        if signals.urgent(lease, status) or news:
             pods = _indexed(kwargs, RUN_PODS, key)
             await asyncio.to_thread(_cycle_logged, memo, run, pods, lease)
 

@@ -24,7 +24,16 @@ The record is written once, so each failure is observed once.
 | `trainguard_restarts_total` | counter | namespace |
 | `trainguard_reschedules_total` | counter | namespace |
 | `trainguard_checkpoint_age_seconds` | gauge | namespace, run, layer |
+| `trainguard_verified_checkpoint_age_seconds` | gauge | namespace, run, layer |
+| `trainguard_checkpoints_invalid_total` | counter | namespace, layer |
 | `trainguard_nodes_excluded` | gauge | reason |
+
+Invalid checkpoints are counted from `status.invalidCheckpoints`, the current attempt's count
+per layer with the attempt that counted: between two statuses of a run, what a layer's count
+of the same attempt grew by, and all of a new attempt's count. The status itself is the record
+of what was counted, so a repeated cycle counts nothing twice and neither does a restarted
+operator (its first status of a run is the baseline, like every counter's); an agent
+restarted in its pod counts again what it tells again (the restore step's findings).
 
 The endpoint (`/metrics`) is served on `$TRAINGUARD_METRICS_PORT` when that is set (the
 chart sets it from `metrics.port`).
@@ -54,8 +63,17 @@ from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
 from trainguard.api import TrainingRunStatus
-from trainguard.api.constants import GROUP, PLURAL, VERSION, Phase, Reason
-from trainguard.operator.conditions import state_reason
+from trainguard.api.constants import (
+    GROUP,
+    L1_LAYER,
+    PLURAL,
+    VERSION,
+    ConditionType,
+    Phase,
+    Reason,
+)
+from trainguard.api.status import InvalidCheckpointCount
+from trainguard.operator.conditions import find, state_reason
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +126,13 @@ class Metrics(Collector):
             ["namespace"],
             registry=registry,
         )
+        self.invalid = Counter(
+            f"{PREFIX}_checkpoints_invalid",
+            "Checkpoints the runs' pods found invalid (restore, shipping, the trainer's L1 "
+            "scans), by layer (status.invalidCheckpoints).",
+            ["namespace", "layer"],
+            registry=registry,
+        )
         registry.register(self)
 
     def observe(self, key: RunKey, status: TrainingRunStatus) -> None:
@@ -140,14 +165,27 @@ class Metrics(Collector):
                 self.reschedules.labels(namespace).inc()
         if new.restarts > old.restarts:
             self.restarts.labels(namespace).inc(new.restarts - old.restarts)
+        for layer, told in newly_invalid(old.invalid_checkpoints, new.invalid_checkpoints):
+            self.invalid.labels(namespace, layer).inc(told)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """The gauges, from the latest status of every run (called at each scrape)."""
         with self._lock:
             runs = dict(self._runs)
+        now = datetime.now(UTC)
         yield _runs_by_phase(runs)
-        yield _checkpoint_ages(runs, datetime.now(UTC))
+        yield _checkpoint_ages(runs, now)
+        yield _verified_ages(runs, now)
         yield _nodes_excluded(runs.values())
+
+
+def newly_invalid(
+    old: Iterable[InvalidCheckpointCount], new: Iterable[InvalidCheckpointCount]
+) -> list[tuple[str, int]]:
+    """Per layer, the invalid checkpoints counted in `new` and not in `old` (module docstring)."""
+    before = {(count.layer, count.attempt): count.count for count in old}
+    grown = ((c.layer, c.count - before.get((c.layer, c.attempt), 0)) for c in new)
+    return [(layer, told) for layer, told in grown if told > 0]
 
 
 def _runs_by_phase(runs: Mapping[RunKey, TrainingRunStatus]) -> GaugeMetricFamily:
@@ -171,6 +209,34 @@ def _checkpoint_ages(runs: Mapping[RunKey, TrainingRunStatus], now: datetime) ->
             if layer.time is not None:
                 age = max((now - layer.time).total_seconds(), 0.0)
                 family.add_metric([namespace, name, layer.layer], age)
+    return family
+
+
+def _verified_ages(runs: Mapping[RunKey, TrainingRunStatus], now: datetime) -> GaugeMetricFamily:
+    """How long each training run's remote layers have gone without a newer verified checkpoint.
+
+    Only for runs in phase Running: a suspended, finished or recovering run ships nothing. The
+    age counts from the layer's newest verified checkpoint (when the operator first saw it), or
+    from when the run last turned Ready if that is later (a layer that never verified one, a
+    run resumed after a suspension): the time it has trained since without a newer one.
+    """
+    family = GaugeMetricFamily(
+        f"{PREFIX}_verified_checkpoint_age_seconds",
+        "Seconds a Running run has trained since the newest checkpoint verified on each remote "
+        "layer (since it last turned Ready, if later).",
+        labels=["namespace", "run", "layer"],
+    )
+    for (namespace, name), status in sorted(runs.items()):
+        ready = find(status.conditions, ConditionType.READY)
+        if status.phase != Phase.RUNNING or ready is None:
+            continue
+        for layer in status.checkpoints:
+            if layer.layer == L1_LAYER:
+                continue
+            since = max(ready.last_transition_time, layer.time or ready.last_transition_time)
+            family.add_metric(
+                [namespace, name, layer.layer], max((now - since).total_seconds(), 0.0)
+            )
     return family
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from trainguard.api.constants import (
     ANNOTATION_EVIDENCE,
+    ANNOTATION_INVALID_CHECKPOINTS,
     ANNOTATION_LAYERS,
     ANNOTATION_PREFLIGHT,
     ANNOTATION_SAVED_STEP,
@@ -66,4 +67,5 @@ def lease_view(lease: dict[str, Any]) -> LeaseView:
         preflight=str(annotations.get(ANNOTATION_PREFLIGHT) or ""),
         staging=str(annotations.get(ANNOTATION_STAGING) or ""),
         since=_time(annotations.get(ANNOTATION_VERDICT_SINCE)),
+        invalid_checkpoints=str(annotations.get(ANNOTATION_INVALID_CHECKPOINTS) or ""),
     )

@@ -50,6 +50,7 @@ from trainguard.operator.policies import (
     backoff,
     failures,
     fencing,
+    findings,
     initsteps,
     ladder,
     lifecycle,
@@ -238,12 +239,15 @@ def _with_signals(
     # Until the new pod's agent renews it, the Lease still speaks of the previous attempt.
     if lease is None or not signals.renewed_by(lease, run or "", observed.attempt):
         return observed
+    invalid = findings.reported(run or "", observed.attempt, lease)
     return replace(
         observed,
         verdict=lease.verdict,
         step=lease.step,
         checkpoint_step=lease.saved_step,
         checkpoints=lease.layers,
+        invalid_counts=None if invalid is None else invalid.counts,
+        last_invalid=None if invalid is None else invalid.last,
     )
 
 

@@ -41,6 +41,8 @@ class LeaseView:
     preflight: str = ""
     staging: str = ""
     since: datetime | None = None  # when the verdict began, by the agent's clock
+    # The invalid checkpoints the agent told of, as JSON (`policies.findings`).
+    invalid_checkpoints: str = ""
 
 
 def same_failure(last: datetime | None, since: datetime | None) -> bool:
