@@ -174,7 +174,10 @@ class Handler(BaseHTTPRequestHandler):
         repo = f"{request['organization']}/{request['name']}"
         key = repo_key(repo, request.get("type"))
         if key in self.state.repos:
-            self._error(409, "RepoExists", "You already created this repo")
+            # As the Hub answers: the client's create_repo(exist_ok=True) reads the url.
+            message = "You already created this repo"
+            headers = {"X-Error-Code": "RepoExists", "X-Error-Message": message}
+            self._send(409, {"error": message, "url": f"{self.server.url}/{key}"}, headers)
             return
         self.state.repos[key] = {}
         self._send(200, {"url": f"{self.server.url}/{key}", "name": repo})

@@ -133,6 +133,16 @@ def test_rate_limited_commit_is_retried(hub: HubServer, tmp_path: Path) -> None:
     assert progress.sent == progress.total > 0
 
 
+def test_a_repository_that_exists_already_is_shipped_to(hub: HubServer, tmp_path: Path) -> None:
+    # Created on the Hub before the run, or by an earlier attempt's agent: every new layer
+    # asks to create it again, and the Hub answers 409 with the repository's url.
+    hub.state.repos[REPO] = {}
+    layer = _layer(hub, tmp_path)
+    layer.put(_save(tmp_path / "l1", 1, tmp_path))
+    assert steps(layer) == [1]
+    assert "POST /api/repos/create" in hub.state.requests
+
+
 def test_file_replaced_on_the_hub_is_detected(hub: HubServer, tmp_path: Path) -> None:
     layer = _layer(hub, tmp_path)
     layer.put(_save(tmp_path / "l1", 1, tmp_path))

@@ -9,8 +9,12 @@ import torch
 from layer_helpers import MIB, Counting, assert_same_checkpoint, save
 
 from trainguard.agent.shipper import VERIFIED, Shipper
-from trainguard.api.constants import SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_PRIVATE_KEY
-from trainguard.ckpt import Problem, scan, verify
+from trainguard.api.constants import (
+    SECRET_KEY_SSH_CONFIG,
+    SECRET_KEY_SSH_KNOWN_HOSTS,
+    SECRET_KEY_SSH_PRIVATE_KEY,
+)
+from trainguard.ckpt import MANIFEST_FILENAME, Problem, scan, verify
 from trainguard.initsteps.restore import restore
 from trainguard.layers import (
     Layer,
@@ -125,6 +129,23 @@ def test_unknown_host_key_is_refused(sshd: Sshd, tmp_path: Path) -> None:
     layer = _layer(sshd, tmp_path, known_hosts=False)
     with pytest.raises(LayerError, match="not found in known_hosts"):
         layer.checkpoints()
+
+
+def test_the_secrets_config_reaches_a_host_by_another_name_port_and_user(
+    sshd: Sshd, tmp_path: Path
+) -> None:
+    # The URI names the backup host as users know it (user, host, port); the site reaches it
+    # elsewhere (split DNS, a forwarded port): the Secret's OpenSSH client config says where.
+    uri = f"ssh://backup@backup.example.com:22{tmp_path / 'remote'}"
+    secret = _secret_dir(sshd, tmp_path)
+    (secret / SECRET_KEY_SSH_CONFIG).write_text(
+        f"Host backup.example.com\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {sshd.user}\n"
+    )
+    layer = open_layer(LayerConfig("backup", uri), {layer_secrets_env("backup"): str(secret)})
+    layer.put(save(tmp_path / "l1", 10, model_bytes=MIB))
+    assert steps(layer) == [10]
+    assert layer.verify(ref(10)) == []
+    assert (tmp_path / "remote" / ref(10).path / MANIFEST_FILENAME).is_file()
 
 
 def _training_state(step: int) -> dict[str, object]:

@@ -5,14 +5,20 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
 
 from trainguard.api import TrainingRun
 from trainguard_dev.cluster.cluster import Cluster, default_home, ensure_binaries
-from trainguard_dev.cluster.procnode import claim_dir, network_volume_dir, shared_claim
+from trainguard_dev.cluster.procnode import (
+    NodeRuntime,
+    claim_dir,
+    network_volume_dir,
+    shared_claim,
+)
+from trainguard_dev.cluster.rest import Rest
 from trainguard_dev.demo import env as demo_env
 from trainguard_dev.demo.main import evidence_reason, summary_table
 from trainguard_dev.demo.nodes import REAL_NODE_SELECTOR, SHARDS_CLAIM, RealNodes, real_node_run
@@ -54,6 +60,20 @@ def test_the_backup_claim_is_kept_where_process_nodes_serve_it(tmp_path: Path) -
     assert volume["spec"]["claimRef"] == {"namespace": "ns", "name": claim}
     assert network_volume_dir(tmp_path, volume["metadata"]["name"]) == directory
     assert volume["spec"]["hostPath"]["path"] == str(directory)
+
+
+def test_process_node_pods_run_the_code_the_node_runtime_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A checkout on PYTHONPATH (a work tree beside the one the environment installed): the
+    # pods' agent and trainer must run its code, as the operator the tests start does.
+    monkeypatch.setenv("PYTHONPATH", "/checkout/operator:/checkout/dev")
+    runtime = NodeRuntime(cast(Rest, None), tmp_path, ["proc-node-0"])
+    pod = {"spec": {"automountServiceAccountToken": False}}
+    env = runtime._base_env("proc-node-0", pod, tmp_path / "pod")
+    assert env["PYTHONPATH"] == "/checkout/operator:/checkout/dev"
+    monkeypatch.delenv("PYTHONPATH")
+    assert "PYTHONPATH" not in runtime._base_env("proc-node-0", pod, tmp_path / "pod")
 
 
 def test_the_operator_identity_is_the_charts_rbac_for_the_demo_namespace() -> None:

@@ -16,6 +16,7 @@ from trainguard.api.constants import (
     SECRET_KEY_S3_ACCESS_KEY_ID,
     SECRET_KEY_S3_ENDPOINT_URL,
     SECRET_KEY_S3_SECRET_ACCESS_KEY,
+    SECRET_KEY_SSH_CONFIG,
     SECRET_KEY_SSH_PRIVATE_KEY,
 )
 from trainguard.ckpt import MANIFEST_FILENAME, CheckpointTransaction, FileEntry, Problem, verify
@@ -35,7 +36,7 @@ from trainguard.layers.hf import HfLayer
 from trainguard.layers.lineage import CheckpointRef, Origin, checkpoint_key, parse_key
 from trainguard.layers.s3 import S3Store
 from trainguard.layers.shards import ShardError, split
-from trainguard.layers.ssh import SshStore
+from trainguard.layers.ssh import SshStore, ssh_target
 
 pytestmark = pytest.mark.unit
 
@@ -276,6 +277,53 @@ def test_open_layer_picks_the_backend_by_scheme(tmp_path: Path) -> None:
         opened("e", "gs://bucket")
     with pytest.raises(LayerError, match="ssh-privatekey"):
         open_layer(LayerConfig("f", "ssh://h/p"), {})
+
+
+MAPPED = "Host backup.example.com\n  HostName 10.0.0.5\n  Port 2222\n  User root\n"
+
+
+@pytest.mark.parametrize(
+    ("uri", "config", "reached"),
+    [
+        # The config's HostName, Port and User replace the URI's, its :22 too.
+        ("ssh://backup@backup.example.com:22/srv/x", MAPPED, ("10.0.0.5", 2222, "root")),
+        # Only what it sets (a pattern, `Keyword=value`); the rest stays the URI's.
+        ("ssh://backup@backup.example.com/srv/x", "Host *.example.com\n  Port=2200\n",
+         ("backup.example.com", 2200, "backup")),
+        # Another host's block changes nothing.
+        ("ssh://backup@nas.local:2022/srv/x", MAPPED, ("nas.local", 2022, "backup")),
+        # The first value wins, across blocks; comments and other keywords are passed over.
+        ("ssh://backup.example.com/srv/x",
+         "# split DNS\nHost backup.example.com\n  ProxyCommand nc %h %p\n"
+         "  HostName 10.0.0.5\nHost *\n  HostName 10.9.9.9\n  User nobody\n",
+         ("10.0.0.5", 22, "nobody")),
+    ],
+)  # fmt: skip
+def test_the_secrets_ssh_config_says_where_the_uris_host_is(
+    tmp_path: Path, uri: str, config: str, reached: tuple[str, int, str]
+) -> None:
+    values = {SECRET_KEY_SSH_PRIVATE_KEY: "key", SECRET_KEY_SSH_CONFIG: config}
+    target = ssh_target(uri, Credentials(values, tmp_path), "backup")
+    assert (target.host, target.port, target.username) == reached
+    assert (target.root, target.key_file) == ("/srv/x", tmp_path / SECRET_KEY_SSH_PRIVATE_KEY)
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        # paramiko would run a `Match exec` command, in the agent.
+        ('Match exec "touch {ran}"\n  HostName 10.0.0.5\n', "Match blocks are not supported"),
+        ("Host backup.example.com\n  Port ssh\n", "Port 'ssh' is not a number"),
+    ],
+)
+def test_an_ssh_config_that_cannot_be_honoured_is_refused(
+    tmp_path: Path, config: str, why: str
+) -> None:
+    ran = tmp_path / "ran"
+    values = {SECRET_KEY_SSH_PRIVATE_KEY: "key", SECRET_KEY_SSH_CONFIG: config.format(ran=ran)}
+    with pytest.raises(LayerError, match=f"backup: the Secret's config: {why}"):
+        ssh_target("ssh://backup.example.com/srv/x", Credentials(values, tmp_path), "backup")
+    assert not ran.exists()
 
 
 def test_split_safetensors_into_loadable_shards(tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ What it does, per node it serves:
 
 How a container is mapped onto a process (the images are not used):
 - the command runs with this Python environment's ``bin`` first on PATH (the trainguard
-  image's programs are installed there);
+  image's programs are installed there) and with this runtime's PYTHONPATH, so the pods run
+  the code the cluster was started with (a checkout named on PYTHONPATH, as the tests' own
+  processes and the operator they start), not whatever checkout the environment installed;
 - every volume is a directory: ``emptyDir`` under the pod's directory, a PVC bound to a
   ``local`` PV under the node's directory (it survives the pod, as on a real node), any other
   PV under a directory shared by all nodes (as network storage is: `network_volume_dir`;
@@ -75,6 +77,7 @@ GPU_SIMULATION_ENV = GPU_SIMULATION
 GPU_SIM_FILENAME = "gpu-sim.json"
 DOWN_FILENAME = "down"
 ENV_FILENAME = "env.json"
+PYTHONPATH_ENV = "PYTHONPATH"
 TERMINATION_LOG_ENV = TERMINATION_LOG
 TERMINATION_MESSAGE_LIMIT = 4096  # bytes a kubelet keeps of a termination message
 FALLBACK_LOG_LINES = 80  # FallbackToLogsOnError: the log's last lines, as a kubelet takes
@@ -478,6 +481,8 @@ class NodeRuntime:
             "PYTHONUNBUFFERED": "1",
             GPU_SIMULATION_ENV: str(self.node_dir(node) / GPU_SIM_FILENAME),
         }
+        if os.environ.get(PYTHONPATH_ENV):
+            env[PYTHONPATH_ENV] = os.environ[PYTHONPATH_ENV]
         if obj["spec"].get("automountServiceAccountToken", True) is not False:
             kubeconfig = self._service_account_kubeconfig(obj, directory)
             if kubeconfig is not None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import shlex
 import signal
 import socket
 import subprocess
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,8 +190,25 @@ def _keygen(path: Path) -> None:
     )
 
 
-def start_sshd(root: Path) -> Sshd:
-    """Start sshd on a free loopback port, with host and client keys generated under `root`."""
+def in_mount_namespace(argv: list[str], mounts: Mapping[str, Path]) -> list[str]:
+    """`argv` run in a mount namespace of its own, where each path of `mounts` is its directory.
+
+    A server that serves fixed paths (a backup host's `/srv/...`) from a test's directory,
+    without touching this machine's: the process and every child it starts see the directory
+    at the path, nothing else does. Each path must be a directory here (the mount point).
+    Needs root, as the test environments run.
+    """
+    binds = [f"mount --bind {shlex.quote(str(d))} {shlex.quote(p)}" for p, d in mounts.items()]
+    script = " && ".join([*binds, f"exec {shlex.join(argv)}"])
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+
+
+def start_sshd(root: Path, mounts: Mapping[str, Path] | None = None) -> Sshd:
+    """Start sshd on a free loopback port, with host and client keys generated under `root`.
+
+    `mounts`: paths its sessions see as other directories (`in_mount_namespace`), e.g.
+    ``{"/srv": root / "srv"}``.
+    """
     host_key, client_key = root / "host_ed25519", root / "client_ed25519"
     _keygen(host_key)
     _keygen(client_key)
@@ -220,9 +239,11 @@ def start_sshd(root: Path) -> Sshd:
     # sshd refuses to start without its privilege separation directory.
     Path("/run/sshd").mkdir(parents=True, exist_ok=True)
     log = (root / "sshd.log").open("ab")
-    process = subprocess.Popen(
-        [str(SSHD), "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT
-    )
+    argv = [str(SSHD), "-D", "-e", "-f", str(config)]
+    if mounts:
+        # unshare and sh exec into sshd: `process` is sshd itself, its sessions' parent.
+        argv = in_mount_namespace(argv, mounts)
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     host_pub = Path(f"{host_key}.pub").read_text().split()
     known_hosts = root / "known_hosts"
     known_hosts.write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")

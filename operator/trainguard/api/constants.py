@@ -89,6 +89,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 SECRET_KEY_HF_TOKEN = "token"
 SECRET_KEY_SSH_PRIVATE_KEY = "ssh-privatekey"
 SECRET_KEY_SSH_KNOWN_HOSTS = "known_hosts"
+# An OpenSSH client config: the HostName, Port and User of the URI's host (split DNS, a port).
+SECRET_KEY_SSH_CONFIG = "config"
 SECRET_KEY_S3_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
 SECRET_KEY_S3_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
 SECRET_KEY_S3_ENDPOINT_URL = "AWS_ENDPOINT_URL"

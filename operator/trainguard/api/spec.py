@@ -244,7 +244,8 @@ class DataSource(KubeModel):
             "Secret with the credentials of a uri source, mounted read-only into the "
             "stage-data step only: s3 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and optionally "
             "AWS_ENDPOINT_URL (omit to use the pod's identity); hf token (omit for a public "
-            "dataset); ssh ssh-privatekey and optionally known_hosts (required for ssh://)."
+            "dataset); ssh ssh-privatekey and optionally known_hosts and config (an OpenSSH "
+            "client config: the HostName, Port and User of the URI's host) (required for ssh://)."
         ),
     )
 
@@ -449,7 +450,8 @@ class RemoteLayer(KubeModel):
         description=(
             "Secret with the credentials: s3 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and "
             "optionally AWS_ENDPOINT_URL (omit to use the pod's identity); hf token; ssh "
-            "ssh-privatekey and optionally known_hosts. Required for hf:// and ssh://."
+            "ssh-privatekey and optionally known_hosts and config (an OpenSSH client config: "
+            "the HostName, Port and User of the URI's host). Required for hf:// and ssh://."
         ),
     )
     claim_name: DnsSubdomain | None = Field(

@@ -35,6 +35,7 @@ from urllib.parse import urlparse
 
 from trainguard.api.constants import (
     SECRET_KEY_S3_ENDPOINT_URL,
+    SECRET_KEY_SSH_CONFIG,
     SECRET_KEY_SSH_KNOWN_HOSTS,
     UriScheme,
 )
@@ -63,7 +64,9 @@ from trainguard.layers.lineage import (
 
 REDACTED = "***"
 # Keys a credentials Secret may hold that are not secret: an error may name them.
-NOT_SECRET_KEYS = frozenset({SECRET_KEY_S3_ENDPOINT_URL, SECRET_KEY_SSH_KNOWN_HOSTS})
+NOT_SECRET_KEYS = frozenset(
+    {SECRET_KEY_S3_ENDPOINT_URL, SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_CONFIG}
+)
 # Shorter values (a region, "true") would turn ordinary words of a message into the placeholder.
 MIN_REDACTED_LENGTH = 6
 # The harness names the model component's file(s) model*.safetensors.

@@ -13,12 +13,20 @@ from zero.
 Authentication is by the Secret's `ssh-privatekey` only (no agent, no password). The host key
 must be known: the Secret's `known_hosts`, else the system's; an unknown host is refused. The
 remote side needs an SFTP server and the coreutils (`sha256sum`, `mkdir`, `rm`).
+
+Where the host is: the URI names it as the run knows it; the Secret's optional `config`, an
+OpenSSH client config, says how this site reaches it (split DNS, a forwarded port). The
+`HostName`, `Port` and `User` its `Host` blocks set for the URI's host (the first value wins,
+as in OpenSSH) replace the URI's host, port and user; `known_hosts` then lists the host as it
+is reached. Other keywords are ignored, and a `Match` block is refused: `Match exec` would run
+a command of the Secret's in the agent.
 """
 
 from __future__ import annotations
 
 import hashlib
 import posixpath
+import re
 import shlex
 import stat
 import threading
@@ -30,7 +38,11 @@ from urllib.parse import urlparse
 
 import paramiko
 
-from trainguard.api.constants import SECRET_KEY_SSH_KNOWN_HOSTS, SECRET_KEY_SSH_PRIVATE_KEY
+from trainguard.api.constants import (
+    SECRET_KEY_SSH_CONFIG,
+    SECRET_KEY_SSH_KNOWN_HOSTS,
+    SECRET_KEY_SSH_PRIVATE_KEY,
+)
 from trainguard.ckpt import MANIFEST_FILENAME, SHA256, hash_file, parse_step_dirname
 from trainguard.layers import Credentials, LayerConfig, LayerError, Transfer
 from trainguard.layers.base import CHUNK_BYTES, RemoteLayer, Uploads
@@ -42,6 +54,11 @@ CONNECT_TIMEOUT_S = 15.0
 COMMAND_TIMEOUT_S = 600.0
 # A dead peer is noticed within a few keepalive rounds instead of a TCP timeout.
 KEEPALIVE_S = 10
+# What the Secret's `config` may say: where a host is, and nothing that acts.
+CONFIG_KEYWORDS = frozenset({"host", "hostname", "port", "user"})
+CONFIG_MATCH = "match"
+# A config line's keyword, as OpenSSH and paramiko read it (`Keyword value`, `Keyword=value`).
+_CONFIG_KEYWORD = re.compile(r"\s*(\w+)(?:\s*=\s*|\s+)")
 
 
 @dataclass(frozen=True)
@@ -64,14 +81,45 @@ def ssh_target(uri_text: str, credentials: Credentials, name: str) -> SshTarget:
     key_file = credentials.file(SECRET_KEY_SSH_PRIVATE_KEY)
     if key_file is None:
         raise LayerError(f"{name}: the Secret has no {SECRET_KEY_SSH_PRIVATE_KEY}")
+    host, port, username = uri.hostname, uri.port or DEFAULT_PORT, uri.username
+    config = credentials.get(SECRET_KEY_SSH_CONFIG)
+    if config is not None:
+        try:
+            host, port, username = configured(config, host, port, username)
+        except ValueError as err:
+            raise LayerError(f"{name}: the Secret's {SECRET_KEY_SSH_CONFIG}: {err}") from err
     return SshTarget(
-        uri.hostname,
-        uri.port or DEFAULT_PORT,
-        uri.username,
-        uri.path,
-        key_file,
-        credentials.file(SECRET_KEY_SSH_KNOWN_HOSTS),
+        host, port, username, uri.path, key_file, credentials.file(SECRET_KEY_SSH_KNOWN_HOSTS)
     )
+
+
+def configured(
+    config: str, host: str, port: int, username: str | None
+) -> tuple[str, int, str | None]:
+    """`host`, `port` and `username` as an OpenSSH client config's `Host` blocks change them.
+
+    Only `CONFIG_KEYWORDS` are read; ValueError, saying why, for a `Match` block or a config
+    paramiko cannot parse.
+    """
+    kept = []
+    for line in config.splitlines():
+        keyword = _CONFIG_KEYWORD.match(line)
+        if keyword is None:
+            continue  # a blank line or a comment
+        if keyword.group(1).lower() == CONFIG_MATCH:
+            raise ValueError("Match blocks are not supported (only Host blocks)")
+        if keyword.group(1).lower() in CONFIG_KEYWORDS:
+            kept.append(line)
+    try:
+        found = paramiko.SSHConfig.from_text("\n".join(kept)).lookup(host)
+    except paramiko.ConfigParseError as err:
+        raise ValueError(str(err)) from err
+    configured_port = found.get("port")
+    try:
+        port = int(configured_port) if configured_port is not None else port
+    except ValueError:
+        raise ValueError(f"Port {configured_port!r} is not a number") from None
+    return found.get("hostname", host), port, found.get("user", username)
 
 
 def connect(
