@@ -1,7 +1,9 @@
 """The escalation ladder on the local control plane: verdicts -> status -> actions.
 
 The agent's verdicts reach the status, and the operator restarts in place, moves the run off
-a sick node, or stops it.
+a sick node, or stops it: at a repeated failure with `Stop`, or when restarts without progress
+exceed `maxRestarts`. With `Continue` a repeated failure is restarted and the run trains on
+with the condition kept.
 
 The agent is simulated by writing the run's heartbeat Lease as it would at a renewal (its
 holder is the pod, its annotations the verdict, steps and evidence). The runs are pinned to
@@ -182,6 +184,88 @@ def test_a_repeated_failure_at_the_same_step_stops_the_run(
     eventually(lambda: not _pods(cluster, namespace), 30, "the pod to be deleted")
     time.sleep(4)  # a resync later, still no new attempt
     assert not _pods(cluster, namespace)
+
+
+def _run(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    return get_json(cluster, "trainingrun", "minimal", "-n", namespace)
+
+
+def test_a_repeated_failure_with_continue_trains_on_and_keeps_the_condition(
+    cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
+) -> None:
+    _start(cluster, namespace, node_pool, sameStepWindow=10, onRepeatedFailure="Continue")
+    _renew(cluster, namespace, "Dead", 100, 90)
+    eventually(lambda: _status(cluster, namespace).get("inPlaceRestarts") == 1, 10, "restart")
+    _renew(cluster, namespace, "Healthy", 101, 90)
+    eventually(lambda: _status(cluster, namespace).get("verdict") == "Healthy", 15, "Healthy")
+    _renew(cluster, namespace, "Dead", 105, 90)
+    run = eventually(
+        lambda: (r := _run(cluster, namespace))["status"].get("inPlaceRestarts") == 2 and r,
+        15,
+        "a second restart in place",
+    )
+    repeated = condition(run, "RepeatedFailureAtStep")
+    assert repeated is not None and repeated["status"] == "True", repeated
+    failed = condition(run, "Failed")
+    assert failed is not None and failed["status"] == "False", failed
+    # The restarted trainer reports healthy: the run trains on, Ready, in the same pod, and the
+    # pattern stays on record (the Argo CD check reads it as Degraded).
+    _renew(cluster, namespace, "Healthy", 106, 90)
+    run = eventually(
+        lambda: (r := _run(cluster, namespace))["status"].get("verdict") == "Healthy" and r,
+        15,
+        "Healthy again",
+    )
+    assert run["status"]["phase"] == "Running"
+    ready = condition(run, "Ready")
+    assert ready is not None and ready["status"] == "True", ready
+    assert condition(run, "RepeatedFailureAtStep") == repeated
+    assert _pods(cluster, namespace) == {"minimal-1": run["status"]["node"]}
+
+    # A changed spec (the fix a person deploys) is a new attempt; the condition stays as set,
+    # for the generation it was set for.
+    patch = {"spec": {"trainer": {"args": ["--lr", "1e-4"]}}}
+    cluster.kubectl(
+        "patch", "trainingrun", "minimal", "-n", namespace, "--type=merge",
+        "-p", json.dumps(patch),
+    )  # fmt: skip
+    run = eventually(
+        lambda: (
+            (r := _run(cluster, namespace))["status"].get("attempt") == 2
+            and r["status"].get("phase") == "Running"
+            and r
+        ),
+        60,
+        "attempt 2 Running",
+    )
+    generation = run["metadata"]["generation"]
+    assert run["status"]["observedGeneration"] == generation
+    kept = condition(run, "RepeatedFailureAtStep")
+    assert kept is not None and kept["status"] == "True", kept
+    assert kept["observedGeneration"] < generation, (kept, generation)
+
+
+def test_failures_without_progress_beyond_max_restarts_fail_the_run(
+    cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
+) -> None:
+    _start(cluster, namespace, node_pool, inPlaceRestarts=1, maxRestarts=1)
+    _renew(cluster, namespace, "Dead", 100, 90)
+    eventually(lambda: _status(cluster, namespace).get("inPlaceRestarts") == 1, 10, "restart")
+    _renew(cluster, namespace, "Healthy", 150, 90)
+    eventually(lambda: _status(cluster, namespace).get("verdict") == "Healthy", 15, "Healthy")
+    # Dead again, far from the first step, with no newer verified checkpoint: no progress.
+    _renew(cluster, namespace, "Dead", 400, 90)
+    run = eventually(
+        lambda: (r := _run(cluster, namespace))["status"].get("phase") == "Failed" and r,
+        15,
+        "Failed",
+    )
+    failed = condition(run, "Failed")
+    assert failed is not None and failed["status"] == "True", failed
+    assert failed["reason"] == "MaxRestartsExceeded", failed
+    assert condition(run, "RepeatedFailureAtStep") is None  # steps far apart: no pattern
+    assert run["status"]["restarts"] == 1
+    eventually(lambda: not _pods(cluster, namespace), 30, "the pod to be deleted")
 
 
 def test_a_failed_preflight_excludes_the_node(

@@ -1,8 +1,12 @@
-"""A run's life: suspend, resume, a spec change, deletion that takes its children and only them."""
+"""A run's life: suspend, resume, a spec change, deletion that takes its children and only them.
+
+And its end: a pod whose containers exited 0 completes the run, and nothing restarts it.
+"""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -113,3 +117,37 @@ def test_suspend_resume_change_and_delete(
     assert _exists(cluster, namespace, "configmap", "life-notes")
     assert _exists(cluster, namespace, "lease", "life-other")
     assert operator.alive()
+
+
+def test_a_trainer_that_exits_0_completes_the_run(
+    cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
+) -> None:
+    apply(cluster, namespace, pool_run(node_pool, "done"))
+
+    def phase() -> str | None:
+        status = get_json(cluster, "trainingrun", "done", "-n", namespace).get("status", {})
+        found: str | None = status.get("phase")
+        return found
+
+    eventually(lambda: phase() == "Running", 60, "the run to be Running")
+    # The kubelet's report of a pod whose containers exited 0 (kwok's pods never finish alone).
+    pod = get_json(cluster, "pod", "done-1", "-n", namespace)
+    finished = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    statuses = [
+        {"name": c["name"], "image": c["image"], "imageID": "", "ready": False,
+         "restartCount": 0, "state": finished}
+        for c in pod["spec"]["containers"]
+    ]  # fmt: skip
+    cluster.kubectl(
+        "patch", "pod", "done-1", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"phase": "Succeeded", "containerStatuses": statuses}}),
+    )  # fmt: skip
+    eventually(lambda: phase() == "Completed", 30, "the run to be Completed")
+    run = get_json(cluster, "trainingrun", "done", "-n", namespace)
+    complete = condition(run, "Complete")
+    assert complete is not None and complete["status"] == "True", complete
+    assert complete["reason"] == "Completed", complete
+    assert run["status"].get("completionTime")
+    time.sleep(4)  # a resync later, no new attempt: a finished run stays finished
+    assert [p["metadata"]["name"] for p in pods_of(cluster, namespace, "done")] == ["done-1"]
+    assert phase() == "Completed"

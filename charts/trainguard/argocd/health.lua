@@ -1,18 +1,19 @@
 -- Argo CD health of a trainguard.dev/TrainingRun, read from the conditions the operator writes.
 --
 -- Precedence, first match wins (docs/argocd.md explains each choice):
---   status older than the spec (observedGeneration < generation)  -> Progressing
---   Failed=True                                                   -> Degraded
---   Complete=True                                                 -> Healthy
---   Suspended=True                                                -> Suspended
---   Degraded=True and RepeatedFailureAtStep=True                  -> Degraded
---   Degraded=True and Progressing=True (restart, reschedule)      -> Progressing
---   Degraded=True                                                 -> Degraded
---   Ready=True                                                    -> Healthy
---   Progressing=True                                              -> Progressing
---   Progressing=False (the operator says the run is stuck)        -> Degraded
---   no status or no condition yet                                 -> Progressing
--- The message is the deciding condition's "<reason>: <message>".
+--   no status or no condition yet                                  -> Progressing
+--   status older than the spec (observedGeneration < generation)   -> Progressing
+--   Failed=True                                                    -> Degraded
+--   Complete=True                                                  -> Healthy
+--   Suspended=True                                                 -> Suspended
+--   RepeatedFailureAtStep=True, whatever Ready and Degraded say    -> Degraded
+--   Degraded=True                                                  -> Degraded
+--   Ready=True                                                     -> Healthy
+--   Progressing=True                                               -> Progressing
+--   Progressing=False (the operator says the run is stuck)         -> Degraded
+--   otherwise                                                      -> Progressing
+-- A condition set for an older generation than the run's speaks of an earlier spec and does not
+-- hold. The message is the deciding condition's "<reason>: <message>".
 --
 -- Argo CD runs scripts from argocd-cm with only the base, table and package libraries open:
 -- this script uses nothing else (no string.*, no os.*).
@@ -29,9 +30,18 @@ local function find(conditions, kind)
   return nil
 end
 
-local function holds(conditions, kind)
+local generation = obj.metadata.generation
+
+-- The operator sets its six standard conditions every cycle, but RepeatedFailureAtStep only
+-- when a failure repeats: after a spec change it still carries the generation it was set for.
+local function current(condition)
+  return generation == nil or condition.observedGeneration == nil
+    or condition.observedGeneration >= generation
+end
+
+local function holds(conditions, kind, status)
   local condition = find(conditions, kind)
-  return condition ~= nil and condition.status == "True"
+  return condition ~= nil and condition.status == status and current(condition)
 end
 
 local function describe(condition)
@@ -54,7 +64,6 @@ if status == nil or status.conditions == nil or #status.conditions == 0 then
   return hs
 end
 
-local generation = obj.metadata.generation
 if generation ~= nil and status.observedGeneration ~= nil and status.observedGeneration < generation then
   hs.status = "Progressing"
   hs.message = "Waiting for the trainguard operator to observe generation " .. tostring(generation)
@@ -62,38 +71,28 @@ if generation ~= nil and status.observedGeneration ~= nil and status.observedGen
   return hs
 end
 
+-- Each rule: the condition and status that decide, and the health they give.
+local rules = {
+  {"Failed", "True", "Degraded"},
+  {"Complete", "True", "Healthy"},
+  {"Suspended", "True", "Suspended"},
+  -- Dying again near the same step is a pattern, not bad luck: it needs a person even while
+  -- the operator keeps the run going (recovery.onRepeatedFailure: Continue), where the run
+  -- reads Ready=True and Degraded=False once the trainer is restarted.
+  {"RepeatedFailureAtStep", "True", "Degraded"},
+  {"Degraded", "True", "Degraded"},
+  {"Ready", "True", "Healthy"},
+  -- Scheduling, starting, rescheduling after a failure: the operator is on its way.
+  {"Progressing", "True", "Progressing"},
+  -- Progressing=False without any of the above: the operator says the run cannot go on alone.
+  {"Progressing", "False", "Degraded"},
+}
+
 local conditions = status.conditions
-if holds(conditions, "Failed") then
-  return report("Degraded", find(conditions, "Failed"))
-end
-if holds(conditions, "Complete") then
-  return report("Healthy", find(conditions, "Complete"))
-end
-if holds(conditions, "Suspended") then
-  return report("Suspended", find(conditions, "Suspended"))
-end
-if holds(conditions, "Degraded") then
-  -- Dying again near the same step is a pattern, not a transient: it needs a person even
-  -- while the operator keeps trying (recovery.onRepeatedFailure: Continue).
-  if holds(conditions, "RepeatedFailureAtStep") then
-    return report("Degraded", find(conditions, "RepeatedFailureAtStep"))
+for _, rule in ipairs(rules) do
+  if holds(conditions, rule[1], rule[2]) then
+    return report(rule[3], find(conditions, rule[1]))
   end
-  -- A restart or reschedule under way is the operator doing its job: Progressing, so Argo CD
-  -- neither alerts nor fails a sync wave for a recovery that is expected to succeed.
-  if holds(conditions, "Progressing") then
-    return report("Progressing", find(conditions, "Degraded"))
-  end
-  return report("Degraded", find(conditions, "Degraded"))
-end
-if holds(conditions, "Ready") then
-  return report("Healthy", find(conditions, "Ready"))
-end
-local progressing = find(conditions, "Progressing")
-if progressing ~= nil and progressing.status == "True" then
-  return report("Progressing", progressing)
-end
-if progressing ~= nil and progressing.status == "False" then
-  return report("Degraded", progressing)
 end
 hs.status = "Progressing"
 hs.message = WAITING
