@@ -6,17 +6,19 @@ Implementations:
   at the pod's own GPUs, selected by the UUIDs the device plugin puts in
   ``NVIDIA_VISIBLE_DEVICES``.
 - `SimulatedProbe`: for CPU-only tests and the demo, named as a simulator everywhere it is
-  used. It reads a per-node state file (injected ghost MiB, extra processes) and accounts for
-  the live trainer processes it is told about. It is chosen only when
-  ``TRAINGUARD_GPU_SIMULATION`` names that file, which only the local process-backed node
-  runtime sets; it is never a production default.
+  used. It simulates the pod's GPUs (those ``NVIDIA_VISIBLE_DEVICES`` names), reads a
+  per-node state file (injected ghost MiB and extra processes, per GPU index) and accounts
+  for the live trainer processes it is told about. It is chosen only when
+  ``TRAINGUARD_GPU_SIMULATION`` names that file, which only the local test nodes' runtimes
+  set; it is never a production default.
 - `UnavailableProbe`: no GPU and no simulation configured: readings say "unavailable" and
   carry the reason; nothing is invented.
 
 Limits (documented because they shape the verdicts): NVML reports *host* PIDs, which differ
 from the pod's PID namespace, so the agent never matches PIDs; it reasons from memory totals,
-the framework's own figures and process counts. Memory held after the whole pod is gone is
-visible only to a node-level probe or to the next pod's preflight.
+the framework's own figures and process counts. Host PIDs are compared only with each other
+(a process that uses several GPUs is listed on each). Memory held after the whole pod is gone
+is visible only to a node-level probe or to the next pod's preflight.
 """
 
 from __future__ import annotations
@@ -39,9 +41,16 @@ SOURCE_NVML = "nvml"
 SOURCE_SIMULATED = "simulated"
 SOURCE_UNAVAILABLE = "unavailable"
 
-# What one simulated trainer process holds when its heartbeat reports no figure.
+# What one simulated trainer process holds (on each GPU it uses).
 SIMULATED_PROCESS_MIB = 2048.0
 SIMULATED_TOTAL_MIB = 143771.0
+SIMULATED_EXTRA_PROCESS_MIB = 1024.0
+# The simulated GPUs' UUIDs: the prefix and the GPU's index (the test nodes' runtimes name a
+# container's GPUs so in NVIDIA_VISIBLE_DEVICES, one per GPU it requests).
+SIMULATED_UUID_PREFIX = "GPU-simulated-"
+# Host PIDs of the simulated processes: live trainer processes, then foreign ones.
+SIMULATED_LIVE_PID = 100000
+SIMULATED_FOREIGN_PID = 200000
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,13 @@ class GpuReading:
     total_mib: float
     utilization_pct: float | None
     processes: tuple[GpuProcess, ...] = ()
+
+    @property
+    def unattributed_mib(self) -> float | None:
+        """Memory in use on this GPU that none of its processes accounts for (None: unknown)."""
+        if any(p.used_mib is None for p in self.processes):
+            return None
+        return max(0.0, self.used_mib - sum(p.used_mib or 0.0 for p in self.processes))
 
 
 @dataclass(frozen=True)
@@ -94,23 +110,25 @@ class GpuSnapshot:
 
     @property
     def unattributed_mib(self) -> float | None:
-        """Memory in use that no live process accounts for (None if a figure is missing).
+        """Memory in use that no live process accounts for, on all GPUs (None: a figure missing).
 
         This is ghost memory as the driver shows it: in one incident 141 of 143 GB were in
         use with no process visible.
         """
-        attributed = 0.0
-        for reading in self.gpus:
-            for process in reading.processes:
-                if process.used_mib is None:
-                    return None
-                attributed += process.used_mib
-        return max(0.0, self.used_mib - attributed)
+        per_gpu = [g.unattributed_mib for g in self.gpus]
+        if any(mib is None for mib in per_gpu):
+            return None
+        return sum(mib or 0.0 for mib in per_gpu)
 
     @property
     def process_count(self) -> int:
-        """Compute processes on the pod's GPUs."""
+        """Compute processes on the pod's GPUs, counted on each GPU they use."""
         return sum(len(g.processes) for g in self.gpus)
+
+    @property
+    def distinct_processes(self) -> int:
+        """Compute processes on the pod's GPUs, each counted once however many GPUs it uses."""
+        return len({p.pid for g in self.gpus for p in g.processes})
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the format published on the shared state volume)."""
@@ -229,43 +247,81 @@ def _text(value: str | bytes) -> str:
 class SimulatedProbe:
     """A GPU simulator for CPU-only tests and the demo (never a production default).
 
-    The state file (JSON, all keys optional) describes the node's GPU:
-    ``{"gpus": 1, "total_mib": 143771, "ghost_mib": 0, "extra_processes": 0,
-    "extra_process_mib": 1024}``. Used memory is the live trainer processes' memory
-    (`live_processes` returns one figure in MiB per live trainer process) plus the ghost
-    memory that no process accounts for, plus the extra (foreign) processes.
+    The pod's GPUs are those `uuids` names (``NVIDIA_VISIBLE_DEVICES``, which the test nodes'
+    runtimes set to one `simulated_uuids` entry per GPU a container requests), else as many
+    as the state file's ``gpus`` says (1 by default). The state file (JSON, all keys
+    optional) describes the node's GPUs: ``{"gpus": 1, "total_mib": 143771, "ghost_mib": 0,
+    "extra_processes": 0, "extra_process_mib": 1024}``. ``ghost_mib`` (memory no process
+    accounts for) and ``extra_processes`` (foreign processes) are either one figure, on the
+    first GPU, or figures per GPU index: ``{"ghost_mib": {"2": 8192}}``; an index the pod does
+    not have is another pod's GPU.
+
+    `live_processes` returns one figure in MiB per live trainer process, placed as a training
+    job places its processes: one process uses every GPU (and holds that figure on each, under
+    one host PID, as NVML lists it); several are ranks, process i on GPU i mod the GPU count.
+    A GPU's used memory is its processes' memory plus its ghost memory.
     """
 
     state_file: Path
     live_processes: Callable[[], list[float]] = field(default=lambda: [])
+    uuids: Sequence[str] | None = None
 
     def read(self) -> GpuSnapshot:
         """Simulate one reading from the node's state file and the live processes."""
         try:
             state = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
-        except (OSError, ValueError) as err:
+            uuids = list(self.uuids or simulated_uuids(max(1, int(state.get("gpus", 1)))))
+            ghost = _per_gpu(state.get("ghost_mib", 0.0), len(uuids))
+            extra = _per_gpu(state.get("extra_processes", 0), len(uuids))
+            extra_mib = float(state.get("extra_process_mib", SIMULATED_EXTRA_PROCESS_MIB))
+            total = float(state.get("total_mib", SIMULATED_TOTAL_MIB))
+        except (OSError, ValueError, TypeError, AttributeError) as err:
             return GpuSnapshot(SOURCE_UNAVAILABLE, time.time(), error=f"simulation: {err}")
-        total = float(state.get("total_mib", SIMULATED_TOTAL_MIB))
-        ghost = float(state.get("ghost_mib", 0.0))
-        extra = int(state.get("extra_processes", 0))
-        extra_mib = float(state.get("extra_process_mib", 1024.0))
-        live = self.live_processes()
-        processes = [GpuProcess(100000 + i, mib) for i, mib in enumerate(live)]
-        processes += [GpuProcess(200000 + i, extra_mib) for i in range(extra)]
-        used = sum(p.used_mib or 0.0 for p in processes) + ghost
+        processes = _place(self.live_processes(), len(uuids))
+        foreign = SIMULATED_FOREIGN_PID
+        for index, count in enumerate(extra):
+            processes[index] += [GpuProcess(foreign + k, extra_mib) for k in range(int(count))]
+            foreign += int(count)
         gpus = [
             GpuReading(
-                uuid=f"GPU-simulated-{i}",
-                index=i,
+                uuid=uuid,
+                index=index,
                 name="Simulated H200",
-                used_mib=used if i == 0 else 0.0,
+                used_mib=sum(p.used_mib or 0.0 for p in processes[index]) + ghost[index],
                 total_mib=total,
-                utilization_pct=90.0 if live and i == 0 else 0.0,
-                processes=tuple(processes) if i == 0 else (),
+                utilization_pct=90.0 if processes[index] else 0.0,
+                processes=tuple(processes[index]),
             )
-            for i in range(max(1, int(state.get("gpus", 1))))
+            for index, uuid in enumerate(uuids)
         ]
         return GpuSnapshot(SOURCE_SIMULATED, time.time(), tuple(gpus))
+
+
+def simulated_uuids(count: int) -> list[str]:
+    """The UUIDs of `count` simulated GPUs, by index."""
+    return [f"{SIMULATED_UUID_PREFIX}{index}" for index in range(count)]
+
+
+def _per_gpu(value: Any, count: int) -> list[float]:
+    """A state-file figure per GPU: one figure is the first GPU's, a mapping is by index."""
+    figures = [0.0] * count
+    if isinstance(value, dict):
+        for index, figure in value.items():
+            if 0 <= int(index) < count:
+                figures[int(index)] = float(figure)
+    else:
+        figures[0] = float(value)
+    return figures
+
+
+def _place(live: list[float], count: int) -> list[list[GpuProcess]]:
+    """The live trainer processes on each GPU: one process on all, else rank i on GPU i mod N."""
+    placed: list[list[GpuProcess]] = [[] for _ in range(count)]
+    for rank, mib in enumerate(live):
+        pid = SIMULATED_LIVE_PID + rank
+        for index in range(count) if len(live) == 1 else [rank % count]:
+            placed[index].append(GpuProcess(pid, mib))
+    return placed
 
 
 def default_probe(
@@ -276,7 +332,11 @@ def default_probe(
     variables = dict(os.environ if environ is None else environ)
     simulation = variables.get(SIMULATION_ENV)
     if simulation:
-        return SimulatedProbe(Path(simulation), live_processes or (lambda: []))
+        return SimulatedProbe(
+            Path(simulation),
+            live_processes or (lambda: []),
+            visible_uuids(variables.get(VISIBLE_DEVICES_ENV)),
+        )
     try:
         return NvmlProbe(visible_uuids(variables.get(VISIBLE_DEVICES_ENV)))
     except Exception as err:  # any NVML or loader failure means "no GPU here"

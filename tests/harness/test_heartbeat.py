@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -35,21 +37,65 @@ def watch_writes(path: Path, seconds: float) -> list[dict[str, object]]:
 
 def test_fields_and_first_write(tmp_path: Path) -> None:
     path = tmp_path / "state" / "heartbeat.json"
-    beat = Heartbeat(path, memory=lambda: (1024, 4096))
+    devices = [
+        {hb.DEVICE: 0, hb.DEVICE_UUID: "aa", hb.DEVICE_ALLOCATED: 1024, hb.DEVICE_RESERVED: 4096},
+        {hb.DEVICE: 1, hb.DEVICE_UUID: "bb", hb.DEVICE_ALLOCATED: 512, hb.DEVICE_RESERVED: 2048},
+    ]
+    beat = Heartbeat(path, memory=lambda: (1024, 4096), memory_by_device=lambda: devices)
     before = time.time()
     beat.update(step=7, loss=1.25, tokens_per_s=1000.0, phase=hb.PHASE_TRAINING)
     record = read_heartbeat(path)
     assert record is not None
     assert set(record) == {
         hb.PID, hb.STEP, hb.TIME, hb.PHASE, hb.TOKENS_PER_S, hb.LOSS, hb.MEMORY_ALLOCATED,
-        hb.MEMORY_RESERVED, hb.LAST_CHECKPOINT_STEP, hb.CHECKPOINT_ERROR, hb.CHECKPOINT_STALL_S,
-        hb.INVALID_CHECKPOINTS,
+        hb.MEMORY_RESERVED, hb.MEMORY_BY_DEVICE, hb.LAST_CHECKPOINT_STEP, hb.CHECKPOINT_ERROR,
+        hb.CHECKPOINT_STALL_S, hb.INVALID_CHECKPOINTS,
     }  # fmt: skip
     assert record[hb.PID] == os.getpid() and record[hb.STEP] == 7
     assert record[hb.MEMORY_ALLOCATED] == 1024 and record[hb.MEMORY_RESERVED] == 4096
+    # Every device the process holds memory on, not only the current one.
+    assert record[hb.MEMORY_BY_DEVICE] == devices
     assert before <= record[hb.TIME] <= time.time()
     assert read_heartbeat(tmp_path / "none.json") is None
     beat.close()
+
+
+class FakeCuda:
+    """torch.cuda on a process that holds memory on devices 0 and 2 of 4 (its current: 0)."""
+
+    def __init__(self) -> None:
+        self.reserved = {0: 6 << 30, 2: 3 << 30}
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 4
+
+    def memory_allocated(self, device: int = 0) -> int:
+        return self.reserved.get(device, 0) // 2
+
+    def memory_reserved(self, device: int = 0) -> int:
+        return self.reserved.get(device, 0)
+
+    def get_device_properties(self, device: int) -> SimpleNamespace:
+        return SimpleNamespace(uuid=f"uuid-of-{device}")
+
+
+def test_framework_memory_is_reported_for_every_device_the_process_holds_memory_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=FakeCuda()))
+    assert hb.framework_memory() == (3 << 30, 6 << 30)  # the current device's, as before
+    assert hb.framework_memory_by_device() == [
+        {hb.DEVICE: 0, hb.DEVICE_UUID: "uuid-of-0", hb.DEVICE_ALLOCATED: 3 << 30,
+         hb.DEVICE_RESERVED: 6 << 30},
+        {hb.DEVICE: 2, hb.DEVICE_UUID: "uuid-of-2", hb.DEVICE_ALLOCATED: 3 << 29,
+         hb.DEVICE_RESERVED: 3 << 30},
+    ]  # fmt: skip
 
 
 def test_at_most_one_write_per_second_and_the_latest_values_arrive(tmp_path: Path) -> None:

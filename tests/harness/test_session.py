@@ -141,6 +141,7 @@ def test_heartbeat_reports_steps_loss_phase_and_checkpoints(tmp_path: Path) -> N
     assert 0 < record[hb.CHECKPOINT_STALL_S] < 5
     # No GPU here: framework memory is unknown, not zero.
     assert record[hb.MEMORY_ALLOCATED] is None and record[hb.MEMORY_RESERVED] is None
+    assert record[hb.MEMORY_BY_DEVICE] is None
 
 
 @pytest.mark.parametrize("policy", [OnSaveError.CONTINUE, OnSaveError.STOP])

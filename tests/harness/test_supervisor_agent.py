@@ -24,7 +24,7 @@ from trainguard.api import constants
 from trainguard.contract import env
 from trainguard.contract.env import PodEnv
 from trainguard.contract.files import read_supervised_child
-from trainguard.gpu import SIMULATED_PROCESS_MIB
+from trainguard.gpu import SIMULATED_PROCESS_MIB, VISIBLE_DEVICES_ENV, simulated_uuids
 from trainguard_dev.testing.polling import eventually
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -176,3 +176,22 @@ def test_the_memory_a_killed_plain_script_leaves_is_judged(
     else:
         assert constants.EVIDENCE_CAUSE not in evidence
         assert evidence["gpu_used_mib"] == "0.0"
+
+
+def test_a_plain_script_on_four_gpus_is_healthy_and_ghost_memory_on_one_is_named(
+    pod: Pod,
+) -> None:
+    # The container has four GPUs (as a device plugin names them); the one process uses all.
+    pod.environ[VISIBLE_DEVICES_ENV] = ",".join(simulated_uuids(4))
+    pod.supervise("--backoff", "60")
+    loop, api = pod.agent()
+    healthy_on_the_gpu(loop, api)
+    evidence = api.evidence()
+    assert evidence["gpus"] == "4" and evidence["gpu_procs"] == "1"
+    assert evidence["gpu_used_mib"] == f"{4 * SIMULATED_PROCESS_MIB:.1f}"
+    pod.sim.write_text(json.dumps({"ghost_mib": {"2": 8192}}))
+    verdict_becomes(loop, "GhostMemory")
+    evidence = api.evidence()
+    assert evidence["gpu"] == "2"
+    assert evidence["reason"] == "driver reports 8192 MiB on GPU 2 held by no live process"
+    assert [e[0] for e in api.events] == ["VerdictGhostMemory"]

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
+import types
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from trainguard import gpu
+from trainguard_dev.cluster.gpusim_runtime import container_gpus, visible_devices
 
 pytestmark = pytest.mark.unit
 
@@ -77,3 +81,99 @@ def test_published_snapshot_round_trips(tmp_path: Path) -> None:
     gpu.publish(snap, path)
     assert gpu.read_published(path) == snap
     assert gpu.read_published(tmp_path / "none.json") is None
+
+
+def test_simulated_gpus_are_the_pods_and_one_process_uses_them_all(tmp_path: Path) -> None:
+    state = tmp_path / "gpu-sim.json"
+    state.write_text(json.dumps({"ghost_mib": {"2": 8192, "7": 100}, "extra_processes": {"3": 1}}))
+    probe = gpu.SimulatedProbe(state, lambda: [3000.0], gpu.simulated_uuids(4))
+    snap = probe.read()
+    assert [g.uuid for g in snap.gpus] == gpu.simulated_uuids(4)
+    assert [g.index for g in snap.gpus] == [0, 1, 2, 3]
+    # One process, listed on every GPU under one host PID, as NVML lists it.
+    assert [[p.pid for p in g.processes if p.used_mib == 3000.0] for g in snap.gpus] == [
+        [gpu.SIMULATED_LIVE_PID]
+    ] * 4
+    assert [g.used_mib for g in snap.gpus] == [3000.0, 3000.0, 3000.0 + 8192, 3000.0 + 1024]
+    assert [g.unattributed_mib for g in snap.gpus] == [0.0, 0.0, 8192.0, 0.0]
+    assert snap.distinct_processes == 2 and snap.process_count == 5  # index 7: not the pod's
+
+
+def test_simulated_ranks_run_one_per_gpu(tmp_path: Path) -> None:
+    probe = gpu.SimulatedProbe(tmp_path / "none.json", lambda: [1000.0] * 4, gpu.simulated_uuids(4))
+    snap = probe.read()
+    assert [[p.pid for p in g.processes] for g in snap.gpus] == [
+        [gpu.SIMULATED_LIVE_PID + rank] for rank in range(4)
+    ]
+    assert [g.used_mib for g in snap.gpus] == [1000.0] * 4
+    assert snap.unattributed_mib == 0.0
+
+
+def test_the_old_state_form_keeps_its_meaning(tmp_path: Path) -> None:
+    # One figure is the first GPU's; without visible devices, the state file counts the GPUs.
+    state = tmp_path / "gpu-sim.json"
+    state.write_text(json.dumps({"gpus": 2, "ghost_mib": 5000, "extra_processes": 1}))
+    snap = gpu.SimulatedProbe(state).read()
+    assert [g.used_mib for g in snap.gpus] == [5000.0 + gpu.SIMULATED_EXTRA_PROCESS_MIB, 0.0]
+    assert [len(g.processes) for g in snap.gpus] == [1, 0]
+
+
+def test_a_container_asking_for_four_gpus_is_simulated_with_four(tmp_path: Path) -> None:
+    # As the test nodes' runtimes set up a container: one simulated GPU per GPU requested.
+    container = {"resources": {"limits": {"nvidia.com/gpu": "4"}}}
+    devices = visible_devices(container_gpus(container))
+    environ = {gpu.SIMULATION_ENV: str(tmp_path / "s.json"), gpu.VISIBLE_DEVICES_ENV: devices}
+    snap = gpu.default_probe(environ=environ, live_processes=lambda: [10.0]).read()
+    assert [g.uuid for g in snap.gpus] == gpu.simulated_uuids(4)
+    assert container_gpus({"resources": {}}) == 0
+
+
+class FakeNvml(types.ModuleType):
+    """pynvml on a host with 3 GPUs: one process uses GPUs 1 and 2, GPU 2 holds 8 GiB more."""
+
+    class NVMLError(Exception):
+        """An NVML call that failed."""
+
+    def __init__(self) -> None:
+        super().__init__("pynvml")
+        self.used = {0: 50 * gpu.MIB, 1: 3000 * gpu.MIB, 2: (3000 + 8192) * gpu.MIB}
+        self.processes = {0: [(999, 50)], 1: [(4242, 3000)], 2: [(4242, 3000)]}
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 3
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
+        return f"GPU-host-{handle}".encode()
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return "NVIDIA H200"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(used=self.used[handle], total=143771 * gpu.MIB)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        raise self.NVMLError("not supported")
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        return [
+            SimpleNamespace(pid=pid, usedGpuMemory=mib * gpu.MIB)
+            for pid, mib in self.processes[handle]
+        ]
+
+
+def test_nvml_readings_are_per_gpu_of_the_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml())
+    snap = gpu.NvmlProbe(["GPU-host-1", "GPU-host-2"]).read()
+    assert snap.source == gpu.SOURCE_NVML
+    assert [(g.index, g.uuid, g.utilization_pct) for g in snap.gpus] == [
+        (1, "GPU-host-1", None),
+        (2, "GPU-host-2", None),
+    ]
+    assert [g.unattributed_mib for g in snap.gpus] == [0.0, 8192.0]
+    assert snap.distinct_processes == 1 and snap.process_count == 2

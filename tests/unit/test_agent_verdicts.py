@@ -11,10 +11,19 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from trainguard.agent.signals import Collector
+from trainguard.agent.signals import (
+    MIB,
+    Collector,
+    DeviceMemory,
+    Heartbeat,
+    framework_by_gpu,
+    gpu_signals,
+    parse_heartbeat,
+)
 from trainguard.agent.verdicts import (
     DEAD,
     EVIDENCE_CAUSE,
@@ -28,11 +37,14 @@ from trainguard.agent.verdicts import (
     Thresholds,
     classify,
 )
-from trainguard.gpu import SimulatedProbe, publish
+from trainguard.gpu import SimulatedProbe, publish, simulated_uuids
 from trainguard_dev.testing.polling import eventually
 
 pytestmark = pytest.mark.unit
 
+# What a simulated trainer process holds on each GPU it uses, and its framework's part of it.
+SIMULATED_MIB = 2048.0
+RESERVED_MIB = 1900.0
 T = Thresholds(
     hang_after_s=30,
     slow_after_s=60,
@@ -265,6 +277,8 @@ class Pod:
         self.sim = root / "gpu-sim.json"
         self.supervisor = root / "supervisor.json"
         self.process: subprocess.Popen[bytes] | None = None
+        self.gpus = 1  # the pod's simulated GPUs
+        self.ranks = 1  # live trainer processes while the trainer lives: one uses every GPU
         self.collector = Collector(
             heartbeat_file=self.heartbeat,
             gpu_file=self.gpu_file,
@@ -274,12 +288,17 @@ class Pod:
             supervisor_file=self.supervisor,
         )
 
-    def start(self, heartbeat: bool = True) -> None:
-        """The supervisor starts a trainer; it writes its first heartbeat (or not yet)."""
+    def start(self, heartbeat: bool = True, devices: list[dict[str, Any]] | None = None) -> None:
+        """The supervisor starts a trainer; it writes its first heartbeat (or not yet).
+
+        `devices`: the heartbeat's framework memory per device (none: an older harness's).
+        """
         self.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         self.supervisor.write_text(json.dumps({"state": "running", "child_pid": self.process.pid}))
         if heartbeat:
             beat = {"pid": self.process.pid, "step": 10, "time": time.time(), "phase": "training"}
+            if devices is not None:
+                beat["memory_by_device"] = devices
             self.heartbeat.write_text(json.dumps(beat))
 
     def kill(self) -> None:
@@ -287,12 +306,14 @@ class Pod:
         self.process.kill()
         self.process.wait()
 
-    def ghost(self, mib: float) -> None:
+    def ghost(self, mib: float | dict[str, float]) -> None:
+        """Memory no process holds: on the first GPU, or by GPU index (``{"2": 8192}``)."""
         self.sim.write_text(json.dumps({"ghost_mib": mib}))
 
     def observe(self, now: float) -> Signals:
         alive = self.process is not None and self.process.poll() is None
-        probe = SimulatedProbe(self.sim, lambda: [2048.0] if alive else [])
+        live = [SIMULATED_MIB] * self.ranks if alive else []
+        probe = SimulatedProbe(self.sim, lambda: live, simulated_uuids(self.gpus))
         publish(probe.read(), self.gpu_file)
         return self.collector.collect(now, time.time())
 
@@ -426,3 +447,144 @@ def test_the_heartbeat_of_a_launchers_worker_names_the_trainer(pod: Pod) -> None
     # The worker's death is the trainer's, though the launcher still runs.
     assert launcher.poll() is None
     assert classify(pod.observe(2.0), T).name == DEAD
+
+
+# Per GPU: a pod on several GPUs is judged GPU by GPU.
+
+
+def device(index: int, mib: float = RESERVED_MIB, uuid: str | None = None) -> dict[str, Any]:
+    """One entry of the heartbeat's framework memory per device."""
+    reserved = int(mib * MIB)
+    return {"device": index, "uuid": uuid, "allocated_bytes": reserved, "reserved_bytes": reserved}
+
+
+def rank_beat(rank: int, reserved_mib: float) -> Heartbeat:
+    """The heartbeat of rank `rank`, whose framework holds `reserved_mib` on device `rank`."""
+    return Heartbeat(
+        pid=1000 + rank,
+        step=100,
+        time=None,
+        phase="training",
+        tokens_per_s=1000.0,
+        reserved_mib=reserved_mib,
+        devices=(DeviceMemory(rank, None, reserved_mib),),
+    )
+
+
+def test_a_pod_on_four_gpus_with_a_rank_on_each_is_healthy(tmp_path: Path) -> None:
+    ranks = [30000.0] * 4  # each rank holds 30000 MiB on its GPU, 29000 of it its framework's
+    snapshot = SimulatedProbe(tmp_path / "idle.json", lambda: ranks, simulated_uuids(4)).read()
+    beats = [rank_beat(rank, 29000.0) for rank in range(4)]
+    signals = replace(
+        ALIVE,
+        gpu_used_mib=snapshot.used_mib,
+        gpu_processes=snapshot.distinct_processes,
+        gpu_unattributed_mib=snapshot.unattributed_mib,
+        framework_reserved_mib=29000.0,
+        gpus=gpu_signals(snapshot, beats, {}),
+    )
+    verdict = classify(signals, T)
+    assert verdict.name == HEALTHY, verdict.reason
+    assert verdict.evidence["gpus"] == "4" and verdict.evidence["gpu_procs"] == "4"
+    # The same pod judged by its totals, as one GPU: four processes, and 120000 MiB used
+    # against one rank's 29000. Per-GPU readings end this misjudgement.
+    as_one = classify(replace(signals, gpus=()), T)
+    assert as_one.name == GHOST_MEMORY, as_one.reason
+
+
+def test_a_gpu_whose_memory_its_rank_does_not_account_for_is_named(tmp_path: Path) -> None:
+    ranks = [30000.0] * 4
+    snapshot = SimulatedProbe(tmp_path / "idle.json", lambda: ranks, simulated_uuids(4)).read()
+    beats = [rank_beat(rank, 1000.0 if rank == 3 else 29000.0) for rank in range(4)]
+    verdict = classify(replace(ALIVE, gpus=gpu_signals(snapshot, beats, {})), T)
+    assert verdict.name == GHOST_MEMORY
+    assert verdict.reason == (
+        "driver reports 30000 MiB used on GPU 3, framework holds 1000 MiB: "
+        "29000 MiB unaccounted for"
+    )
+    assert verdict.evidence["gpu"] == "3"
+
+
+def test_framework_figures_land_on_their_gpu_by_uuid_else_by_index(tmp_path: Path) -> None:
+    readings = SimulatedProbe(tmp_path / "idle.json", uuids=simulated_uuids(4)).read().gpus
+    # Device 0 of a rank started with CUDA_VISIBLE_DEVICES=2 is the pod's GPU 2 (CUDA names
+    # it by the UUID without NVML's "GPU-"); a device whose UUID is not the pod's, by index.
+    renumbered = [device(0, 500.0, uuid="simulated-2"), device(1, 700.0, uuid="unknown")]
+    beats = [parse_heartbeat({"pid": 1, "memory_by_device": renumbered})]
+    assert framework_by_gpu(readings, beats) == [None, 700.0, 500.0, None]
+    # Ranks' figures on one device add up.
+    two = [parse_heartbeat({"pid": p, "memory_by_device": [device(0, 100.0)]}) for p in (1, 2)]
+    assert framework_by_gpu(readings, two) == [200.0, None, None, None]
+    # An older harness's one figure (the current device's) is a one-GPU pod's only.
+    older = [parse_heartbeat({"pid": 1, "memory_reserved_bytes": 3 * MIB})]
+    assert framework_by_gpu(readings, older) == [None] * 4
+    assert framework_by_gpu(readings[:1], older) == [3.0]
+    assert framework_by_gpu(readings, []) == [None] * 4
+
+
+def test_malformed_per_device_figures_leave_the_rest_of_the_heartbeat() -> None:
+    beat = parse_heartbeat({"pid": 7, "step": 3, "memory_by_device": [{"device": "x"}]})
+    assert beat.pid == 7 and beat.step == 3 and beat.devices is None
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "devices",
+    [[device(i) for i in range(4)], None],
+    ids=["with per-device framework figures", "an older harness: the driver's view alone"],
+)
+def test_one_process_on_four_gpus_is_healthy(
+    pod: Pod, devices: list[dict[str, Any]] | None
+) -> None:
+    pod.gpus = 4
+    pod.start(devices=devices)
+    signals = pod.observe(0.0)
+    verdict = classify(signals, T)
+    assert verdict.name == HEALTHY, verdict.reason
+    assert [g.processes for g in signals.gpus] == [1, 1, 1, 1]
+    assert signals.gpu_processes == 1  # one process, listed on each of its GPUs
+    assert signals.gpu_used_mib == 4 * SIMULATED_MIB
+    expected = RESERVED_MIB if devices is not None else None
+    assert [g.framework_reserved_mib for g in signals.gpus] == [expected] * 4
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("ranks", [1, 4], ids=["one process on all GPUs", "a rank per GPU"])
+def test_ghost_memory_on_one_gpu_is_detected_and_named(pod: Pod, ranks: int) -> None:
+    pod.gpus, pod.ranks = 4, ranks
+    pod.start(devices=[device(0)])
+    assert classify(pod.observe(0.0), T).name == HEALTHY
+    pod.ghost({"2": 8192})
+    verdict = classify(pod.observe(1.0), T)
+    assert verdict.name == GHOST_MEMORY
+    assert verdict.reason == "driver reports 8192 MiB on GPU 2 held by no live process"
+    assert verdict.evidence["gpu"] == "2"
+    assert EVIDENCE_CAUSE not in verdict.evidence
+
+
+@pytest.mark.timeout(30)
+def test_memory_a_death_leaves_is_judged_per_gpu(pod: Pod) -> None:
+    pod.gpus = 4
+    pod.start()
+    pod.observe(0.0)
+    # Each GPU keeps a context's worth after the death: released on every GPU, though 1200
+    # MiB in all is more than the released bound.
+    pod.ghost({str(index): 300 for index in range(4)})
+    pod.kill()
+    dead = pod.observe(1.0)
+    assert dead.seconds_held_since_death is None
+    assert classify(pod.observe(10.0), T).name == DEAD
+    # Another death, and GPU 2 keeps 1500 MiB: not released there, after the restart too.
+    pod.start()
+    pod.observe(11.0)
+    pod.ghost({"2": 1500})
+    pod.kill()
+    assert pod.observe(12.0).seconds_held_since_death == 0.0
+    pod.start()
+    held = pod.observe(17.5)
+    assert [g.left_mib for g in held.gpus] == [None, None, 1500.0, None]
+    verdict = classify(held, T)
+    assert verdict.name == GHOST_MEMORY
+    assert verdict.evidence[EVIDENCE_CAUSE] == "GPUMemoryNotReleased"
+    assert verdict.evidence["gpu"] == "2"
+    assert verdict.reason.startswith("1500 MiB still held on GPU 2 6s after the trainer died")

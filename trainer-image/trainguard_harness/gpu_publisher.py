@@ -39,7 +39,8 @@ class GpuPublisher(threading.Thread):
         self._done = threading.Event()
 
     def _live_processes(self) -> list[float]:
-        # For the simulator: the training process holds memory exactly while it lives.
+        # For the simulator: the training process holds memory (on each of the pod's GPUs)
+        # exactly while it lives.
         return [SIMULATED_PROCESS_MIB] if self._child_alive() else []
 
     def publish_once(self) -> None:

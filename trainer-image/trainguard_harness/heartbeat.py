@@ -5,12 +5,19 @@ The pod agent reads it to tell a live, advancing trainer from a hung or dead one
     {"pid": 4242, "step": 1200, "time": 1764720000.52, "phase": "training",
      "tokens_per_s": 23850.0, "loss": 2.31,
      "memory_allocated_bytes": 81604378624, "memory_reserved_bytes": 90194313216,
+     "memory_by_device": [{"device": 0, "uuid": "5d9c3f4e-...",
+                           "allocated_bytes": 81604378624, "reserved_bytes": 90194313216}],
      "last_checkpoint_step": 1200, "checkpoint_error": null, "checkpoint_stall_s": 0.41,
      "invalid_checkpoints": []}
 
 `time` is when the training loop last reported (wall clock, seconds since the epoch), not when
 the file was written, so a loop that stops reporting looks stopped. Memory is what the
 framework holds (CUDA allocator statistics); it is null when no GPU is in use.
+`memory_allocated_bytes` and `memory_reserved_bytes` are the current device's (as an older
+agent reads them); `memory_by_device` has every device the process holds memory on, by its
+CUDA index and, where CUDA reports it, its UUID (NVML's without the ``GPU-`` or ``MIG-``
+prefix). The agent judges the memory of each GPU, and a UUID names the GPU however
+``CUDA_VISIBLE_DEVICES`` renumbers the devices.
 `checkpoint_stall_s` is how long the last save blocked the loop: the measured cost a checkpoint
 cadence can be derived from (Young: sqrt(2 x cost x MTBF)). `invalid_checkpoints` lists the
 newest checkpoints the harness found invalid in L1 (when it resumed, at keep-last-N, or moved
@@ -44,6 +51,12 @@ TOKENS_PER_S = "tokens_per_s"
 LOSS = "loss"
 MEMORY_ALLOCATED = "memory_allocated_bytes"
 MEMORY_RESERVED = "memory_reserved_bytes"
+MEMORY_BY_DEVICE = "memory_by_device"
+# The keys of one `MEMORY_BY_DEVICE` entry.
+DEVICE = "device"
+DEVICE_UUID = "uuid"
+DEVICE_ALLOCATED = "allocated_bytes"
+DEVICE_RESERVED = "reserved_bytes"
 LAST_CHECKPOINT_STEP = "last_checkpoint_step"
 CHECKPOINT_ERROR = "checkpoint_error"
 CHECKPOINT_STALL_S = "checkpoint_stall_s"
@@ -65,6 +78,32 @@ def framework_memory() -> tuple[int | None, int | None]:
     return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
 
 
+def framework_memory_by_device() -> list[dict[str, Any]] | None:
+    """The allocator's figures of every device this process holds memory on; None off GPU.
+
+    Every device, not only the current one: a process may use several (one process on all the
+    pod's GPUs), and a rank may touch another rank's device.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    devices = []
+    for index in range(torch.cuda.device_count()):
+        allocated = int(torch.cuda.memory_allocated(index))
+        reserved = int(torch.cuda.memory_reserved(index))
+        if reserved or allocated:
+            uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+            devices.append(
+                {
+                    DEVICE: index,
+                    DEVICE_UUID: None if uuid is None else str(uuid),
+                    DEVICE_ALLOCATED: allocated,
+                    DEVICE_RESERVED: reserved,
+                }
+            )
+    return devices
+
+
 class Heartbeat:
     """Keeps the heartbeat file up to date with what the training loop reports.
 
@@ -79,10 +118,12 @@ class Heartbeat:
         *,
         min_interval: float = MIN_INTERVAL_S,
         memory: Callable[[], tuple[int | None, int | None]] = framework_memory,
+        memory_by_device: Callable[[], list[dict[str, Any]] | None] = framework_memory_by_device,
     ) -> None:
         self.path = Path(path)
         self.min_interval = min_interval
         self._memory = memory
+        self._memory_by_device = memory_by_device
         self._lock = threading.Lock()
         self._record: dict[str, Any] = {
             PID: os.getpid(),
@@ -93,6 +134,7 @@ class Heartbeat:
             LOSS: None,
             MEMORY_ALLOCATED: None,
             MEMORY_RESERVED: None,
+            MEMORY_BY_DEVICE: None,
             LAST_CHECKPOINT_STEP: None,
             CHECKPOINT_ERROR: None,
             CHECKPOINT_STALL_S: None,
@@ -142,6 +184,7 @@ class Heartbeat:
         allocated, reserved = self._memory()
         self._record[MEMORY_ALLOCATED] = allocated
         self._record[MEMORY_RESERVED] = reserved
+        self._record[MEMORY_BY_DEVICE] = self._memory_by_device()
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self._last_write = time.monotonic()
         self._dirty = False

@@ -10,8 +10,10 @@ container requests or is limited to ``nvidia.com/gpu`` > 0, the spec gains:
 - a bind mount of the node's simulator state directory (on the host, under the cluster root,
   so that it outlives pods) at `CONTAINER_DIR`;
 - ``TRAINGUARD_GPU_SIMULATION`` naming the state file in it (the JSON that the agent's
-  simulated GPU probe reads: tests write ``ghost_mib`` there to leave ghost memory on the node);
-- ``NVIDIA_VISIBLE_DEVICES`` listing the simulated GPUs' UUIDs, one per GPU requested.
+  simulated GPU probe reads: tests write ``ghost_mib`` there to leave ghost memory on the node,
+  one figure or per GPU index);
+- ``NVIDIA_VISIBLE_DEVICES`` listing the simulated GPUs' UUIDs, one per GPU requested: the
+  probe simulates that many GPUs.
 
 Never part of the product or the chart: it exists so that GPU scenarios run on real kubelets.
 Usage (by the shim): ``python -m trainguard_dev.cluster.gpusim_runtime CONFIG RUNC-ARGS...``.
@@ -29,13 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract.env import GPU_SIMULATION
+from trainguard.gpu import VISIBLE_DEVICES_ENV, simulated_uuids
 
 GPU_RESOURCE = "nvidia.com/gpu"
-VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
 STATE_FILENAME = "gpu-sim.json"
 CONTAINER_DIR = "/run/trainguard-gpusim"
-# UUIDs as the simulated probe names its GPUs (trainguard.gpu.SimulatedProbe).
-UUID_PREFIX = "GPU-simulated-"
 ANNOTATION_TYPE = "io.kubernetes.cri.container-type"
 ANNOTATION_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
 ANNOTATION_POD = "io.kubernetes.cri.sandbox-name"
@@ -71,20 +71,31 @@ def gpus_requested(pod: dict[str, Any], container: str) -> int:
     """The GPUs a container of `pod` asks for (the larger of its request and limit)."""
     spec = pod.get("spec", {})
     for entry in (*spec.get("initContainers", []), *spec.get("containers", [])):
-        if entry.get("name") != container:
-            continue
-        resources = entry.get("resources", {})
-        values = [resources.get(k, {}).get(GPU_RESOURCE, "0") for k in ("requests", "limits")]
-        return max(int(str(v)) for v in values)
+        if entry.get("name") == container:
+            return container_gpus(entry)
     return 0
+
+
+def container_gpus(container: dict[str, Any]) -> int:
+    """The GPUs a container spec asks for (the larger of its request and limit)."""
+    resources = container.get("resources", {})
+    values = [resources.get(k, {}).get(GPU_RESOURCE, "0") for k in ("requests", "limits")]
+    return max(int(str(v)) for v in values)
+
+
+def visible_devices(gpus: int) -> str:
+    """``NVIDIA_VISIBLE_DEVICES`` for a container with `gpus` simulated GPUs (the probe's UUIDs)."""
+    return ",".join(simulated_uuids(gpus))
 
 
 def inject(spec: dict[str, Any], state_dir: Path, gpus: int) -> None:
     """Give the container the simulator: the env pointing at the state file and its mount."""
     process = spec.setdefault("process", {})
     env = [e for e in process.get("env", []) if not e.startswith((GPU_SIMULATION + "=",))]
-    uuids = ",".join(f"{UUID_PREFIX}{i}" for i in range(gpus))
-    env += [f"{GPU_SIMULATION}={CONTAINER_DIR}/{STATE_FILENAME}", f"{VISIBLE_DEVICES_ENV}={uuids}"]
+    env += [
+        f"{GPU_SIMULATION}={CONTAINER_DIR}/{STATE_FILENAME}",
+        f"{VISIBLE_DEVICES_ENV}={visible_devices(gpus)}",
+    ]
     process["env"] = env
     spec.setdefault("mounts", []).append(
         {

@@ -43,7 +43,9 @@ Controls for failure scenarios, as files in ``<cluster>/procnodes/<node>/``:
 - ``down``: the node vanishes: its processes are killed at once and heartbeats stop (the
   controller-manager then marks it NotReady);
 - ``gpu-sim.json``: the state a simulated GPU probe reads on that node (see the agent); its
-  path is given to every process as ``TRAINGUARD_GPU_SIMULATION``;
+  path is given to every process as ``TRAINGUARD_GPU_SIMULATION``, and a container that
+  requests GPUs gets ``NVIDIA_VISIBLE_DEVICES`` naming one simulated GPU per GPU requested (as
+  a device plugin names its GPUs), so the probe simulates the pod's GPUs;
 - ``env.json``: a JSON object of strings, merged into the environment of every container
   started on that node from then on, over the pod's own values (a node-level fault, e.g.
   ``{"TRAINGUARD_PREFLIGHT_INJECT": "corrupt-readback"}`` for a disk that corrupts data at
@@ -69,6 +71,8 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.contract.env import GPU_SIMULATION, TERMINATION_LOG
+from trainguard.gpu import VISIBLE_DEVICES_ENV
+from trainguard_dev.cluster.gpusim_runtime import container_gpus, visible_devices
 from trainguard_dev.cluster.pki import Pki
 from trainguard_dev.cluster.rest import ApiError, Rest
 
@@ -547,6 +551,9 @@ class NodeRuntime:
 
     def _container_env(self, pod: Pod, container: dict[str, Any]) -> dict[str, str]:
         env = dict(pod.env)
+        gpus = container_gpus(container)
+        if gpus > 0:
+            env[VISIBLE_DEVICES_ENV] = visible_devices(gpus)
         for mount in container.get("volumeMounts", []):
             if mount["name"] in pod.kubeconfigs:
                 env["KUBECONFIG"] = str(pod.kubeconfigs[mount["name"]])

@@ -7,6 +7,10 @@ supervisor runs one or where it is a process of its own below the supervisor's (
 worker). Only the heartbeat of the process watched counts: one an earlier trainer left in the
 file says nothing about its successor.
 
+GPU memory is observed per GPU (`gpu_signals`): the driver's reading of each of the pod's GPUs,
+the framework's memory on that device from the heartbeat (`framework_by_gpu`), and what the
+last death left on it.
+
 After a death, a script without the heartbeat is followed to the process the supervisor
 restarts. A trainer that wrote heartbeats is followed to its successor's first heartbeat
 instead: its `Dead` lasts through the successor's start-up (imports, restore), not only
@@ -22,12 +26,13 @@ are testable with a fake clock.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainguard import gpu
-from trainguard.agent.verdicts import Signals
+from trainguard.agent.verdicts import GpuSignals, Signals
 from trainguard.ckpt import MANIFEST_FILENAME, parse_step_dirname
 from trainguard.contract.files import read_json, read_supervised_child
 from trainguard.contract.findings import HEARTBEAT_FIELD, Finding, read_findings
@@ -37,11 +42,32 @@ GONE = (None, "Z")
 # Phases of the harness's heartbeat during which a frozen step is expected.
 PROGRESS_PHASES = ("loading",)
 MIB = 1024 * 1024
+# The heartbeat's framework memory per device (trainguard_harness.heartbeat), and its keys.
+MEMORY_BY_DEVICE = "memory_by_device"
+DEVICE = "device"
+DEVICE_UUID = "uuid"
+DEVICE_RESERVED = "reserved_bytes"
+# NVML names a GPU `GPU-<uuid>` (a MIG instance `MIG-<uuid>`); CUDA, as the harness reports it,
+# by the UUID alone.
+UUID_PREFIXES = ("GPU-", "MIG-")
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """The framework's memory on one device, as a heartbeat reports it."""
+
+    device: int  # the CUDA index in the trainer's process
+    uuid: str | None  # without NVML's prefix
+    reserved_mib: float
 
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """The fields of the harness's heartbeat file that the agent uses."""
+    """The fields of the harness's heartbeat file that the agent uses.
+
+    `reserved_mib` is the current device's; `devices` every device the process holds memory
+    on, None where the heartbeat does not say (an older harness, or no GPU in use).
+    """
 
     pid: int
     step: int | None
@@ -49,6 +75,7 @@ class Heartbeat:
     phase: str | None
     tokens_per_s: float | None
     reserved_mib: float | None
+    devices: tuple[DeviceMemory, ...] | None = None
     # The invalid checkpoints the harness found in L1, its newest (`contract.findings`).
     invalid_checkpoints: tuple[Finding, ...] = ()
 
@@ -76,8 +103,86 @@ def parse_heartbeat(data: dict[str, Any]) -> Heartbeat:
         phase=str(phase) if phase else None,
         tokens_per_s=number("tokens_per_s", "tokens_per_second"),
         reserved_mib=reserved,
+        devices=_devices(data.get(MEMORY_BY_DEVICE)),
         invalid_checkpoints=read_findings(data.get(HEARTBEAT_FIELD)),
     )
+
+
+def _devices(value: Any) -> tuple[DeviceMemory, ...] | None:
+    """The per-device figures; None when absent or malformed (the rest of the beat counts)."""
+    if not isinstance(value, list):
+        return None
+    try:
+        return tuple(
+            DeviceMemory(
+                device=int(entry[DEVICE]),
+                uuid=_bare_uuid(entry[DEVICE_UUID]) if entry.get(DEVICE_UUID) else None,
+                reserved_mib=float(entry[DEVICE_RESERVED]) / MIB,
+            )
+            for entry in value
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def _bare_uuid(uuid: str) -> str:
+    """A GPU's UUID without NVML's prefix, as CUDA names it."""
+    for prefix in UUID_PREFIXES:
+        if uuid.startswith(prefix):
+            return uuid[len(prefix) :]
+    return uuid
+
+
+def framework_by_gpu(
+    readings: Sequence[gpu.GpuReading], beats: Sequence[Heartbeat]
+) -> list[float | None]:
+    """The framework's reserved MiB on each reading's GPU (None: not known there).
+
+    Each heartbeat's per-device figures land on the GPU of the same UUID, else on the pod's
+    GPU at the device's CUDA index (NVML and CUDA number the pod's GPUs alike unless
+    ``CUDA_VISIBLE_DEVICES`` renumbers them, which the UUID sees through). The figures of
+    several heartbeats (one per rank) add up. A GPU that no heartbeat names has no figure: the
+    process there may be a rank whose heartbeat is not read, so the driver's view alone
+    judges it. A heartbeat without per-device figures (an older harness) gives the current
+    device's figure alone, which is known to be that GPU's only in a pod with one GPU.
+    """
+    figures: list[float | None] = [None] * len(readings)
+    if any(beat.devices is None for beat in beats):
+        if len(beats) == 1 and len(readings) == 1:
+            figures[0] = beats[0].reserved_mib
+        return figures
+    by_uuid = {_bare_uuid(r.uuid): position for position, r in enumerate(readings)}
+    for beat in beats:
+        for device in beat.devices or ():
+            position = by_uuid.get(device.uuid or "", device.device)
+            if 0 <= position < len(readings):
+                figures[position] = (figures[position] or 0.0) + device.reserved_mib
+    return figures
+
+
+def gpu_signals(
+    snapshot: gpu.GpuSnapshot, beats: Sequence[Heartbeat], left: dict[int, float]
+) -> tuple[GpuSignals, ...]:
+    """Each of the pod's GPUs as the classifier judges it; `left`: a death's memory, by index."""
+    framework = framework_by_gpu(snapshot.gpus, beats)
+    return tuple(
+        GpuSignals(
+            index=reading.index,
+            used_mib=reading.used_mib,
+            processes=len(reading.processes),
+            unattributed_mib=reading.unattributed_mib,
+            framework_reserved_mib=reserved,
+            left_mib=left.get(reading.index),
+        )
+        for reading, reserved in zip(snapshot.gpus, framework, strict=True)
+    )
+
+
+def framework_total(beat: Heartbeat | None) -> float | None:
+    """The framework's reserved MiB on all its devices (the current one's where that is all)."""
+    if beat is None or beat.devices is None:
+        return None if beat is None else beat.reserved_mib
+    return sum(device.reserved_mib for device in beat.devices)
 
 
 def read_heartbeat(path: Path) -> Heartbeat | None:
@@ -245,7 +350,8 @@ class Collector:
         running = alive or (
             child is not None and child != self.pid and proc_state(child, self.proc) not in GONE
         )
-        held_s, left = self._held_since_death(now, running, snapshot if self.gpu_fresh else None)
+        fresh = snapshot if self.gpu_fresh else None
+        held_s, left = self._held_since_death(now, running, fresh)
         return Signals(
             trainer_seen=self.pid is not None,
             heartbeat=beat is not None,
@@ -260,14 +366,15 @@ class Collector:
             else now - self.step_changed_at,
             phase=beat.phase if beat else None,
             tokens_per_s=beat.tokens_per_s if beat and alive else None,
-            framework_reserved_mib=beat.reserved_mib if beat else None,
-            gpu_used_mib=snapshot.used_mib if self.gpu_fresh and snapshot else None,
-            gpu_processes=snapshot.process_count if self.gpu_fresh and snapshot else None,
-            gpu_unattributed_mib=snapshot.unattributed_mib if self.gpu_fresh and snapshot else None,
+            framework_reserved_mib=framework_total(beat),
+            gpu_used_mib=fresh.used_mib if fresh else None,
+            gpu_processes=fresh.distinct_processes if fresh else None,
+            gpu_unattributed_mib=fresh.unattributed_mib if fresh else None,
             log_age_s=self._log_age(wall_now),
             seconds_since_start=now - self.pid_seen_at if self.pid is not None else 0.0,
             seconds_held_since_death=held_s,
-            memory_left_mib=left,
+            memory_left_mib=None if held_s is None else sum(left.values()),
+            gpus=gpu_signals(fresh, [beat] if beat else [], left) if fresh else (),
         )
 
     def _follow(self, beat: Heartbeat | None, child: int | None, now: float) -> None:
@@ -304,23 +411,28 @@ class Collector:
 
     def _held_since_death(
         self, now: float, running: bool, snapshot: gpu.GpuSnapshot | None
-    ) -> tuple[float | None, float | None]:
-        """(seconds since the last death, memory it left) while that memory is still held.
+    ) -> tuple[float | None, dict[int, float]]:
+        """(seconds since the last death, memory it left by GPU index) while that is held.
 
-        While no trainer runs, all used memory is left over (a leftover process holding it
-        included); once the supervisor has restarted the trainer (watched yet or not), what no
-        live process accounts for is. NVML's PIDs are host PIDs, so this reasons from
-        totals only. A reading at or below the released bound ends it.
+        While no trainer runs, all used memory of a GPU is left over (a leftover process
+        holding it included); once the supervisor has restarted the trainer (watched yet or
+        not), what no live process accounts for is. NVML's PIDs are host PIDs, so this reasons
+        from each GPU's totals only. A reading with every GPU at or below the released bound
+        ends it; the GPUs still above it are those named.
         """
         if self.unreleased_death_at is None or snapshot is None:
-            return None, None
-        leftover = snapshot.unattributed_mib if running else snapshot.used_mib
-        if leftover is None:
-            return None, None  # the driver cannot attribute memory per process: no judgement
-        if leftover <= self.released_mib:
+            return None, {}
+        left: dict[int, float] = {}
+        for reading in snapshot.gpus:
+            leftover = reading.unattributed_mib if running else reading.used_mib
+            if leftover is None:
+                return None, {}  # the driver cannot attribute memory per process: no judgement
+            if leftover > self.released_mib:
+                left[reading.index] = leftover
+        if not left:
             self.unreleased_death_at = None
-            return None, None
-        return now - self.unreleased_death_at, leftover
+            return None, {}
+        return now - self.unreleased_death_at, left
 
     def _log_age(self, wall_now: float) -> float | None:
         if self.log_file is None:

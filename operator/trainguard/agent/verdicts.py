@@ -10,6 +10,13 @@ for `Dead`, `IOStuck` and a duplicate trainer; GPU readings for the memory check
 harness heartbeat's step for `Hung` and `Slow`. A trainer without the heartbeat (a script
 that does not use the harness) is judged by presence and memory only, and is `Healthy` while
 it runs (`Slow` while it is stopped): it has no step that could freeze.
+
+Memory is judged per GPU: on each of the pod's GPUs, what the driver reports used against
+what the live trainer processes on it account for (their memory as the driver attributes it,
+the framework's reserved memory on that device), and the compute processes on it (each GPU is
+used by one trainer process: its rank, or the one process that uses them all). So a healthy
+pod on N GPUs reads as N healthy GPUs, not as N times one GPU's memory and processes, and a
+memory verdict names the GPU it is about; the operator knows the node.
 """
 
 from __future__ import annotations
@@ -54,7 +61,9 @@ class Thresholds:
     ghost_mib: float = DEFAULT_GHOST_THRESHOLD_MIB
     ghost_ratio: float = DEFAULT_GHOST_RATIO
     release_after_death_s: float = DEFAULT_GPU_RELEASE_SECONDS
-    expected_processes: int = 1
+    expected_processes: int = 1  # trainer processes in the pod
+    # Compute processes on each GPU: its rank, or the one process that uses every GPU.
+    processes_per_gpu: int = 1
     startup_grace_s: float = DEFAULT_STARTUP_GRACE_SECONDS
     # GPU memory at or below this counts as "released" (driver and CUDA context overhead).
     released_mib: float = 512.0
@@ -75,12 +84,32 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
+class GpuSignals:
+    """One of the pod's GPUs at one moment (MiB); `index` None: the pod's GPUs as one.
+
+    `framework_reserved_mib` is what the trainer's framework holds on this GPU (None: not
+    known here); `left_mib` what the last death left on it, while that is above the released
+    bound (`Signals.seconds_held_since_death`).
+    """
+
+    index: int | None
+    used_mib: float | None
+    processes: int | None
+    unattributed_mib: float | None = None  # used by no live process (driver's view)
+    framework_reserved_mib: float | None = None
+    left_mib: float | None = None
+
+
+@dataclass(frozen=True)
 class Signals:
     """What the agent observed at one moment (times in seconds).
 
     `trainer_seen` says whether a training process has ever run in this pod; before it, there
     is nothing to judge. `heartbeat` says whether that process writes the harness heartbeat
     (without it, `step` is None). GPU fields are None when no probe reading is available.
+    The `gpu_*` and `framework_reserved_mib` fields are the pod's totals (the evidence);
+    `gpus` has each GPU's figures, which the memory checks judge. Signals without them (a
+    source that does not read the GPUs one by one) are judged as one GPU with the totals.
     """
 
     trainer_seen: bool
@@ -101,11 +130,27 @@ class Signals:
     log_age_s: float | None = None
     seconds_since_start: float = float("inf")  # since this trainer process was first seen
     # Since the last death, while the memory it left (all used memory until a trainer runs
-    # again, then what no live process accounts for) has stayed above the released bound at
-    # every reading; None: no such death, released, or unknown. `memory_left_mib` is that
-    # memory at the latest reading.
+    # again, then what no live process accounts for) has stayed above the released bound on
+    # some GPU at every reading; None: no such death, released, or unknown. `memory_left_mib`
+    # is that memory at the latest reading, on the GPUs still above the bound (each one's
+    # in `gpus`).
     seconds_held_since_death: float | None = None
     memory_left_mib: float | None = None
+    gpus: tuple[GpuSignals, ...] = ()
+
+    def per_gpu(self) -> tuple[GpuSignals, ...]:
+        """The GPUs to judge one by one: `gpus`, else the totals as one GPU."""
+        if self.gpus:
+            return self.gpus
+        total = GpuSignals(
+            None,
+            self.gpu_used_mib,
+            self.gpu_processes,
+            self.gpu_unattributed_mib,
+            self.framework_reserved_mib,
+            self.memory_left_mib,
+        )
+        return (total,)
 
 
 @dataclass(frozen=True)
@@ -125,6 +170,51 @@ def _fmt(value: float | int | None) -> str:
     return str(value)
 
 
+def _on(gpus: list[GpuSignals]) -> str:
+    """Where, in a reason: " on GPU 2", " on GPUs 0, 2", or nothing for the GPUs as one."""
+    indices = [str(g.index) for g in gpus if g.index is not None]
+    if not indices:
+        return ""
+    return f" on GPU{'s' if len(indices) > 1 else ''} {', '.join(indices)}"
+
+
+def _naming(evidence: dict[str, str], gpus: list[GpuSignals]) -> dict[str, str]:
+    """The evidence, with the indices of the GPUs a verdict is about (`gpu`)."""
+    indices = [str(g.index) for g in gpus if g.index is not None]
+    return {**evidence, "gpu": ",".join(indices)} if indices else evidence
+
+
+def _gpu_memory(s: Signals, t: Thresholds, evidence: dict[str, str]) -> Verdict | None:
+    """GhostMemory on a GPU whose processes or memory the live trainer does not account for."""
+    gpus = s.per_gpu()
+    for g in gpus:
+        if g.processes is not None and g.processes > t.processes_per_gpu:
+            return Verdict(
+                GHOST_MEMORY,
+                f"{g.processes} compute processes{_on([g])} where {t.processes_per_gpu} expected",
+                _naming(evidence, [g]),
+            )
+    for g in gpus:
+        if g.unattributed_mib is not None and g.unattributed_mib > t.ghost_mib:
+            return Verdict(
+                GHOST_MEMORY,
+                f"driver reports {g.unattributed_mib:.0f} MiB{_on([g])} held by no live process",
+                _naming(evidence, [g]),
+            )
+    for g in gpus:
+        if g.used_mib is None or g.framework_reserved_mib is None:
+            continue
+        used, reserved = g.used_mib, g.framework_reserved_mib
+        if used - reserved > t.ghost_mib and used > t.ghost_ratio * max(reserved, 1.0):
+            return Verdict(
+                GHOST_MEMORY,
+                f"driver reports {used:.0f} MiB used{_on([g])}, framework holds "
+                f"{reserved:.0f} MiB: {used - reserved:.0f} MiB unaccounted for",
+                _naming(evidence, [g]),
+            )
+    return None
+
+
 def classify(s: Signals, t: Thresholds) -> Verdict:
     """Classify the signals into one verdict."""
     evidence = {
@@ -138,6 +228,8 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
         "gpu_orphan_mib": _fmt(s.gpu_unattributed_mib),
         "fw_reserved_mib": _fmt(s.framework_reserved_mib),
     }
+    if s.gpus:
+        evidence["gpus"] = _fmt(len(s.gpus))
     if s.seconds_held_since_death is not None:
         evidence["held_s"] = _fmt(s.seconds_held_since_death)
     if not s.heartbeat:
@@ -145,16 +237,16 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
     if not s.trainer_seen:
         return Verdict(UNKNOWN, "trainer process not started yet", evidence)
 
-    gpu_known = s.gpu_used_mib is not None
     held_s = s.seconds_held_since_death
     if held_s is not None and held_s >= t.release_after_death_s:
         # Whether or not the trainer was restarted in place meanwhile, what the dead process
         # held is still held by no live one: the node's GPU is not usable as it should be.
+        held = [g for g in s.per_gpu() if g.left_mib is not None]
         return Verdict(
             GHOST_MEMORY,
-            f"{s.memory_left_mib or 0.0:.0f} MiB still held {held_s:.0f}s after the trainer "
-            "died, by no live trainer: memory not released after death",
-            {**evidence, EVIDENCE_CAUSE: NOT_RELEASED},
+            f"{s.memory_left_mib or 0.0:.0f} MiB still held{_on(held)} {held_s:.0f}s after "
+            "the trainer died, by no live trainer: memory not released after death",
+            {**_naming(evidence, held), EVIDENCE_CAUSE: NOT_RELEASED},
         )
     if not s.process_alive or s.process_state == "Z":
         return Verdict(DEAD, "trainer process absent", evidence)
@@ -166,33 +258,15 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
             evidence,
         )
 
-    if s.process_count > t.expected_processes or (
-        s.gpu_processes is not None and s.gpu_processes > t.expected_processes
-    ):
+    if s.process_count > t.expected_processes:
         return Verdict(
             GHOST_MEMORY,
-            f"{max(s.process_count, s.gpu_processes or 0)} trainer processes where "
-            f"{t.expected_processes} expected",
+            f"{s.process_count} trainer processes where {t.expected_processes} expected",
             evidence,
         )
-
-    if s.gpu_unattributed_mib is not None and s.gpu_unattributed_mib > t.ghost_mib:
-        return Verdict(
-            GHOST_MEMORY,
-            f"driver reports {s.gpu_unattributed_mib:.0f} MiB held by no live process",
-            evidence,
-        )
-
-    if gpu_known and s.framework_reserved_mib is not None:
-        used = s.gpu_used_mib or 0.0
-        reserved = s.framework_reserved_mib
-        if used - reserved > t.ghost_mib and used > t.ghost_ratio * max(reserved, 1.0):
-            return Verdict(
-                GHOST_MEMORY,
-                f"driver reports {used:.0f} MiB used, framework holds {reserved:.0f} MiB: "
-                f"{used - reserved:.0f} MiB unaccounted for",
-                evidence,
-            )
+    ghost = _gpu_memory(s, t, evidence)
+    if ghost is not None:
+        return ghost
 
     starting = s.seconds_since_start < t.startup_grace_s
     if not s.heartbeat and not starting:
@@ -212,13 +286,19 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
         return Verdict(HEALTHY, "alive, starting up", evidence)
 
     frozen = s.seconds_since_step_advanced >= t.hang_after_s
-    if (
-        gpu_known
-        and (s.gpu_used_mib or 0.0) <= t.released_mib
-        and (s.framework_reserved_mib or 0.0) > t.released_mib
-        and frozen
-    ):
-        return Verdict(DEAD, "GPU memory of the run dropped to ~0 with the step frozen", evidence)
+    dropped = [
+        g
+        for g in s.per_gpu()
+        if g.used_mib is not None
+        and g.used_mib <= t.released_mib
+        and (g.framework_reserved_mib or 0.0) > t.released_mib
+    ]
+    if dropped and frozen:
+        return Verdict(
+            DEAD,
+            f"GPU memory of the run dropped to ~0{_on(dropped)} with the step frozen",
+            _naming(evidence, dropped),
+        )
 
     if frozen or s.process_state == "T":
         if s.process_state == "T" and not frozen:
