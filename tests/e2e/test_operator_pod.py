@@ -38,6 +38,9 @@ def test_minimal_example_yields_one_guarded_pod(
 ) -> None:
     excluded = f"{node_pool}-gpu-0"
     # A node the run must avoid (as recorded after a failure), written before the first pod.
+    # The operator is stopped meanwhile: a running one keeps the status it wrote itself and
+    # would not see the exclusion written beside it.
+    operator.stop()
     apply(cluster, namespace, pool_run(node_pool))
     cluster.kubectl(
         "patch", "trainingrun", "minimal", "-n", namespace, "--subresource=status",
@@ -45,6 +48,7 @@ def test_minimal_example_yields_one_guarded_pod(
         f'{{"status": {{"excludedNodes": [{{"node": "{excluded}", "reason": "GhostMemory",'
         f' "time": "2026-01-01T00:00:00Z"}}]}}}}',
     )  # fmt: skip
+    operator.start()
     run = eventually(lambda: _running(cluster, namespace), 60, "the run to be Running")
     [pod] = pods_of(cluster, namespace, "minimal")
     meta, spec = pod["metadata"], pod["spec"]

@@ -9,9 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from trainguard.api import TrainingRunStatus
-from trainguard.api.constants import Verdict
+from trainguard.api.constants import Phase, Verdict
 from trainguard.api.spec import Backoff, Recovery
 from trainguard.api.status import Failure as FailureRecord
+from trainguard.operator.conditions import derive_phase
 from trainguard.operator.k8s.leases import lease_view
 from trainguard.operator.policies import ladder
 from trainguard.operator.policies.failures import (
@@ -177,6 +178,15 @@ def test_a_repeated_failure_with_stop_fails_the_run() -> None:
     assert kinds["RepeatedFailureAtStep"] == ("True", "RepeatedFailureAtStep")
     assert kinds["Failed"] == ("True", "RepeatedFailureAtStep")
     assert given_up(second) and not given_up(first)
+
+
+def test_the_recorded_failure_carries_the_phase_its_conditions_say() -> None:
+    # Recorded (and written) before the cycle's state: a status read in between must not say
+    # Running beside Failed=True.
+    running = NONE.model_copy(update={"phase": Phase.RUNNING})
+    first = _decide(running, Found(Failure("Dead", 120, True), "gpu-a", "exit 1"))
+    second = _decide(first, Found(Failure("Dead", 125, True), "gpu-a", "exit 1"))
+    assert second.phase == derive_phase(second.conditions) == Phase.FAILED
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ from trainguard.api.constants import ConditionStatus, ConditionType, Reason, Ver
 from trainguard.api.spec import Backoff
 from trainguard.api.status import ExcludedNode
 from trainguard.api.status import Failure as FailureRecord
-from trainguard.operator.conditions import set_condition
+from trainguard.operator.conditions import derive_phase, set_condition
 from trainguard.operator.policies import inputs, ladder
 from trainguard.operator.policies.backoff import streak
 from trainguard.operator.policies.ladder import Action, Failure, History
@@ -216,6 +216,9 @@ def record(
     restarted = decision.action is not Action.FAIL
     return status.model_copy(
         update={
+            # Written before the cycle's state (crash safety): the phase must already agree
+            # with the conditions, as Argo CD and `kubectl get` may read this status.
+            "phase": derive_phase(conditions),
             "conditions": conditions,
             "excluded_nodes": excluded,
             "restarts": status.restarts + restarted,
