@@ -25,6 +25,7 @@ from trainguard.contract import env
 from trainguard.contract.env import PodEnv
 from trainguard.contract.files import read_supervised_child
 from trainguard.gpu import SIMULATED_PROCESS_MIB, VISIBLE_DEVICES_ENV, simulated_uuids
+from trainguard_dev.testing.agent_api import AgentApiRecorder
 from trainguard_dev.testing.polling import eventually
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
@@ -32,18 +33,8 @@ pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 PLAIN_SCRIPT = "import time; time.sleep(600)"
 
 
-class Recorder:
-    """Takes the agent's Lease renewals and Events."""
-
-    def __init__(self) -> None:
-        self.renewals: list[dict[str, str]] = []
-        self.events: list[tuple[str, str, bool]] = []
-
-    def renew(self, duration: int, annotations: dict[str, str]) -> None:
-        self.renewals.append(annotations)
-
-    def event(self, reason: str, message: str, warning: bool = False) -> None:
-        self.events.append((reason, message, warning))
+class Recorder(AgentApiRecorder):
+    """Takes the agent's Lease renewals and Events, and reads the newest evidence."""
 
     def evidence(self) -> dict[str, Any]:
         evidence: dict[str, Any] = json.loads(self.renewals[-1][constants.ANNOTATION_EVIDENCE])

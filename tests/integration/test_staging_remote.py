@@ -38,14 +38,13 @@ from trainguard.initsteps import stage_data as staging
 from trainguard.initsteps.sources import (
     DATA_MANIFEST_FILENAME,
     Source,
-    SourceFile,
     SourceReader,
     open_source,
 )
 from trainguard.layers.fingerprints import Fingerprint
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS, Sshd
-from trainguard_dev.testing.sources import FlipSource
+from trainguard_dev.testing.sources import FlipSource, WrappedSource
 
 pytest_plugins = ("integration.s3_fixtures",)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -476,26 +475,13 @@ def test_a_source_that_refuses_the_credentials_fails_the_step_as_unreachable(
     assert wrong not in log and wrong not in json.dumps(report)
 
 
-class DroppedOnce:
+class DroppedOnce(WrappedSource):
     """A source whose connection the server drops once, just after `path` is opened."""
 
     def __init__(self, inner: Source, path: str, drop: Callable[[], int]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.path = path
         self.drop: Callable[[], int] | None = drop
-
-    @property
-    def description(self) -> str:
-        return self.inner.description
-
-    def list_files(self) -> list[SourceFile]:
-        return self.inner.list_files()
-
-    def read_manifest(self) -> bytes | None:
-        return self.inner.read_manifest()
-
-    def fingerprint(self, file: SourceFile) -> Fingerprint | None:
-        return self.inner.fingerprint(file)
 
     def open(self, path: str, offset: int = 0) -> SourceReader:
         reader = self.inner.open(path, offset)

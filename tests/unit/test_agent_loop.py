@@ -20,23 +20,10 @@ import pytest
 from trainguard.agent.main import Agent
 from trainguard.api import constants
 from trainguard.contract import env
+from trainguard_dev.testing.agent_api import AgentApiRecorder
 from trainguard_dev.testing.polling import eventually
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
-
-
-class Recorder:
-    """Takes the agent's Lease renewals and Events."""
-
-    def __init__(self) -> None:
-        self.renewals: list[dict[str, str]] = []
-        self.events: list[tuple[str, str, bool]] = []
-
-    def renew(self, duration: int, annotations: dict[str, str]) -> None:
-        self.renewals.append(annotations)
-
-    def event(self, reason: str, message: str, warning: bool = False) -> None:
-        self.events.append((reason, message, warning))
 
 
 def start_trainer(state: Path, step: int, script: str = "import time; time.sleep(60)") -> int:
@@ -58,7 +45,7 @@ def kill(pid: int) -> None:
             proc.wait(timeout=10)  # reaped: absent from /proc, as in the pod
 
 
-def agent(tmp_path: Path, **monitor: Any) -> tuple[Agent, Recorder, Path]:
+def agent(tmp_path: Path, **monitor: Any) -> tuple[Agent, AgentApiRecorder, Path]:
     state = tmp_path / "state"
     state.mkdir()
     (tmp_path / "l1").mkdir()
@@ -67,7 +54,7 @@ def agent(tmp_path: Path, **monitor: Any) -> tuple[Agent, Recorder, Path]:
         env.L1_DIR: str(tmp_path / "l1"),
         env.MONITOR: json.dumps({"startupGraceSeconds": 0, **monitor}),
     }
-    recorder = Recorder()
+    recorder = AgentApiRecorder()
     return Agent(environ, recorder), recorder, state
 
 

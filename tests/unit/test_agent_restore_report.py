@@ -10,29 +10,16 @@ import pytest
 from trainguard.agent.main import ANNOTATION_RESTORED, Agent
 from trainguard.contract import env
 from trainguard.contract.files import RESTORE_FILENAME
+from trainguard_dev.testing.agent_api import AgentApiRecorder
 
 pytestmark = pytest.mark.unit
-
-
-class Recorder:
-    """Where the agent's renewals and Events go in this test (the API's stand-in)."""
-
-    def __init__(self) -> None:
-        self.annotations: dict[str, str] = {}
-        self.events: list[tuple[str, str, bool]] = []
-
-    def renew(self, duration: int, annotations: dict[str, str]) -> None:
-        self.annotations = annotations
-
-    def event(self, reason: str, message: str, warning: bool) -> None:
-        self.events.append((reason, message, warning))
 
 
 def test_a_restore_that_ends_after_the_agent_started_is_told_once(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
     environ = {env.STATE_DIR: str(state), env.L1_DIR: str(tmp_path / "l1")}
-    client = Recorder()
+    client = AgentApiRecorder()
     agent = Agent(environ, client)
     agent.step()
     assert not [e for e in client.events if e[0] == "Restored"]

@@ -33,6 +33,7 @@ from trainguard.layers import FileLayer, LayerConfig
 from trainguard.layers.lineage import CheckpointRef, Lineage, Origin
 from trainguard.operator.k8s.leases import lease_view
 from trainguard.operator.policies.findings import reported
+from trainguard_dev.testing.agent_api import AgentApiRecorder
 
 pytestmark = pytest.mark.unit
 
@@ -41,18 +42,8 @@ FIRST = Origin(RUN, 1)
 HASH_MISMATCH = "xxh3-128 hash mismatch"
 
 
-class Recorder:
-    """Where the agent's renewals and Events go in these tests (the API's stand-in)."""
-
-    def __init__(self) -> None:
-        self.annotations: dict[str, str] = {}
-        self.events: list[tuple[str, str, bool]] = []
-
-    def renew(self, duration: int, annotations: dict[str, str]) -> None:
-        self.annotations = annotations
-
-    def event(self, reason: str, message: str, warning: bool) -> None:
-        self.events.append((reason, message, warning))
+class Recorder(AgentApiRecorder):
+    """The agent's renewals and Events, and the InvalidCheckpoint Events among them."""
 
     def invalid(self) -> list[tuple[str, str, bool]]:
         return [e for e in self.events if e[0] == "InvalidCheckpoint"]
@@ -75,7 +66,7 @@ def _flip(path: Path, at: int = 100) -> None:
     path.write_bytes(bytes(data))
 
 
-def _agent(tmp_path: Path, client: Recorder, shipper: Shipper | None = None) -> Agent:
+def _agent(tmp_path: Path, client: AgentApiRecorder, shipper: Shipper | None = None) -> Agent:
     environ = {env.STATE_DIR: str(tmp_path / "state"), env.L1_DIR: str(tmp_path / "l1")}
     return Agent(environ, client, shipper)
 

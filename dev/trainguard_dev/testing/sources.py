@@ -11,14 +11,11 @@ from trainguard.initsteps.sources import Source, SourceFile, SourceReader
 from trainguard.layers.fingerprints import Fingerprint
 
 
-class FlipSource:
-    """`inner`, except that reads of `path` have their first byte flipped on chosen opens."""
+class WrappedSource:
+    """A real source passed through unchanged; subclasses change what `open` gives."""
 
-    def __init__(self, inner: Source, path: str, opens: set[int]) -> None:
+    def __init__(self, inner: Source) -> None:
         self.inner = inner
-        self.path = path
-        self.opens = opens  # 1-based numbers of the opens of `path` that are corrupted
-        self.count = 0
 
     @property
     def description(self) -> str:
@@ -36,6 +33,20 @@ class FlipSource:
     def fingerprint(self, file: SourceFile) -> Fingerprint | None:
         """The wrapped source's fingerprint."""
         return self.inner.fingerprint(file)
+
+    def open(self, path: str, offset: int = 0) -> SourceReader:
+        """The wrapped source's reader."""
+        return self.inner.open(path, offset)
+
+
+class FlipSource(WrappedSource):
+    """`inner`, except that reads of `path` have their first byte flipped on chosen opens."""
+
+    def __init__(self, inner: Source, path: str, opens: set[int]) -> None:
+        super().__init__(inner)
+        self.path = path
+        self.opens = opens  # 1-based numbers of the opens of `path` that are corrupted
+        self.count = 0
 
     def open(self, path: str, offset: int = 0) -> SourceReader:
         """The wrapped source's reader, flipping on the chosen opens of `path`."""
