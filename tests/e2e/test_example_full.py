@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ import pytest
 import yaml
 from operator_proc import apply, condition, get_json
 
-from integration.hub_standin import HubServer
+from integration.hub_standin import HubServer, serving
 from trainguard.api.constants import (
     SECRET_KEY_HF_TOKEN,
     SECRET_KEY_S3_ACCESS_KEY_ID,
@@ -208,14 +207,8 @@ def ssh_keys(sshd: Sshd, host: str) -> dict[str, str]:
 @pytest.fixture
 def hub() -> Iterator[HubServer]:
     """The Hub stand-in, serving from a thread of this process."""
-    server = HubServer(token=HF_TOKEN)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(HF_TOKEN) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture

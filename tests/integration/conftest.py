@@ -11,12 +11,11 @@ test.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import huggingface_hub.constants
 import pytest
-from hub_standin import HubServer
+from hub_standin import HubServer, serving
 
 from trainguard_dev.testing.servers import INSTALL_HINT, SSHD, Sshd, start_sshd
 
@@ -38,11 +37,5 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
 def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
     """The Hub stand-in (see hub_standin); the client's Xet path off, as the stand-in lacks it."""
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
-    server = HubServer(token=HF_TOKEN)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(HF_TOKEN) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()

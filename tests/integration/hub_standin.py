@@ -21,6 +21,8 @@ import hashlib
 import json
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -318,3 +320,16 @@ class HubServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         self.state = HubState(token)
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@contextmanager
+def serving(token: str) -> Iterator[HubServer]:
+    """A stand-in served from a thread of this process, shut down on leaving."""
+    server = HubServer(token=token)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
