@@ -12,7 +12,7 @@ with `TRAINGUARD_RECORD_STATUSES=<dir>` (`trainguard_dev.testing.statuses`; the 
   from `RULES`, the rules of docs/argocd.md written as data, never from running the script:
   the test then shows that health.lua agrees with them on everything the operator wrote.
 
-Nothing is written unless the recording covers every phase (bar `UNRECORDED_PHASES`), every
+Nothing is written unless the recording covers every phase, every
 rule (bar those marked `unrecorded`), and a run that goes on after a repeated failure
 (`recovery.onRepeatedFailure: Continue`), the case the check once read as Healthy.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -78,15 +78,6 @@ STALE_MESSAGE = (
 )
 
 
-# Why no e2e run records Degraded=True (the PodFailed state, phase Recovering).
-POD_FAILED_UNRECORDED = (
-    "the ladder records a failed pod and reschedules the run (Rescheduling, phase Pending) in "
-    "the cycle that sees it: PodFailed is written only for a failed pod whose attempt the "
-    "status does not record yet (an operator stopped between creating the pod and writing "
-    "the status)"
-)
-
-
 @dataclass(frozen=True)
 class Rule:
     """One row of docs/argocd.md's table: when it applies and the health it gives.
@@ -127,7 +118,6 @@ RULES: tuple[Rule, ...] = (
         Health.DEGRADED,
         Fact.HOLDS,
         ConditionType.DEGRADED,
-        unrecorded=POD_FAILED_UNRECORDED,
     ),
     Rule("`Ready=True` (`Training`)", Health.HEALTHY, Fact.HOLDS, ConditionType.READY),
     Rule(
@@ -154,10 +144,6 @@ RULES: tuple[Rule, ...] = (
 )
 # The condition types the check reads.
 DECIDING = tuple(dict.fromkeys(r.condition for r in RULES if r.condition is not None))
-# Phases no e2e run records, and why: Recovering is the phase of Degraded=True.
-UNRECORDED_PHASES: Mapping[Phase, str] = {
-    Phase.RECOVERING: f"derived from Degraded=True: {POD_FAILED_UNRECORDED}",
-}
 
 
 class GenerationError(Exception):
@@ -345,11 +331,7 @@ def fixtures(records: Sequence[Recorded]) -> list[Fixture]:
 def gaps(made: Sequence[Fixture]) -> list[str]:
     """What a complete set of fixtures has and these lack."""
     phases = {f.obj.get("status", {}).get("phase") for f in made}
-    missing = [
-        f"no run in phase {phase}"
-        for phase in Phase
-        if phase not in UNRECORDED_PHASES and phase.value not in phases
-    ]
+    missing = [f"no run in phase {phase}" for phase in Phase if phase.value not in phases]
     decided = {f.rule for f in made}
     missing += [
         f'no run that the rule "{rule.row}" decides'

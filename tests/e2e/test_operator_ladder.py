@@ -27,6 +27,7 @@ from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.demo.env import token_kubeconfig
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import OperatorProcess
+from trainguard_dev.testing.statuses import StatusRecorder, read_recorded, watch_command
 
 # The ladder itself: a run's word taints its node at once (the confirmed policy, whose
 # node checks need process-backed nodes, is tests/e2e/test_node_health.py's).
@@ -79,6 +80,10 @@ def _start(cluster: Cluster, namespace: str, pool: str, **recovery: Any) -> dict
         lambda: _status(cluster, namespace).get("phase") == "Running", 60, "the run to be Running"
     )
     return _status(cluster, namespace)
+
+
+def _kubectl(cluster: Cluster) -> list[str]:
+    return [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(cluster.kubeconfig)]
 
 
 def _pods(cluster: Cluster, namespace: str) -> dict[str, str | None]:
@@ -294,3 +299,80 @@ def test_a_failed_preflight_excludes_the_node(
         (sick, "PreflightFailed")
     ]
     assert "storage corrupt" in status["lastFailure"]["message"]
+
+
+def _pod_of_next_attempt(pod: dict[str, Any], attempt: int) -> dict[str, Any]:
+    """The pod the operator would create for `attempt`: the current one's, renamed."""
+    meta = pod["metadata"]
+    name = f"minimal-{attempt}"
+    labels = {**meta["labels"], "trainguard.dev/attempt": str(attempt)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": meta.get("annotations") or {},
+            "ownerReferences": meta["ownerReferences"],
+        },
+        "spec": pod["spec"],
+    }
+
+
+def test_a_failed_pod_the_status_does_not_record_yet_reads_recovering(
+    cluster: Cluster,
+    namespace: str,
+    node_pool: str,
+    operator: OperatorProcess,
+    tmp_path: Path,
+) -> None:
+    """Degraded=True (PodFailed, phase Recovering), then the ladder's restart of it.
+
+    The scene of an operator stopped between creating attempt 2's pod and writing the status:
+    attempt 1's pod is gone, attempt 2's pod exists and has failed, the status still says
+    attempt 1. The operator started again reports the failed pod as it finds it, then climbs
+    the ladder for it in the next cycle.
+    """
+    _start(cluster, namespace, node_pool)
+    operator.stop()
+    current = get_json(cluster, "pod", "minimal-1", "-n", namespace)
+    cluster.kubectl("delete", "pod", "minimal-1", "-n", namespace, "--grace-period=0", "--force")
+    apply(cluster, namespace, _pod_of_next_attempt(current, 2))
+    eventually(
+        lambda: (
+            get_json(cluster, "pod", "minimal-2", "-n", namespace)["status"].get("phase")
+            == "Running"
+        ),
+        30,
+        "attempt 2's pod to run on its kwok node",
+    )
+    failed = {"phase": "Failed", "reason": "Error", "message": "simulated failure of attempt 2"}
+    cluster.kubectl(
+        "patch", "pod", "minimal-2", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": failed}),
+    )  # fmt: skip
+    assert _status(cluster, namespace)["attempt"] == 1
+    recorder = StatusRecorder(watch_command(_kubectl(cluster)), tmp_path / "statuses")
+    recorder.start()
+    try:
+        operator.start()
+        eventually(lambda: "minimal-3" in _pods(cluster, namespace), 60, "attempt 3")
+    finally:
+        recorder.stop()
+    seen = [
+        r.obj["status"]
+        for r in read_recorded(tmp_path / "statuses")
+        if r.obj["metadata"]["namespace"] == namespace
+    ]
+    recovering = next((s for s in seen if s.get("phase") == "Recovering"), None)
+    assert recovering is not None, [s.get("phase") for s in seen]
+    degraded = condition({"status": recovering}, "Degraded")
+    assert degraded is not None and (degraded["status"], degraded["reason"]) == (
+        "True",
+        "PodFailed",
+    )
+    assert recovering["attempt"] == 2
+    status = _status(cluster, namespace)
+    assert status["lastFailure"]["cause"] == "PodFailed"
+    assert status["lastFailure"]["attempt"] == 2
+    assert "simulated failure of attempt 2" in status["lastFailure"]["message"]

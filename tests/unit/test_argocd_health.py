@@ -35,7 +35,6 @@ from trainguard_dev import argocd_fixtures
 from trainguard_dev.argocd_fixtures import (
     KEPT_METADATA,
     RULES,
-    UNRECORDED_PHASES,
     Fact,
     GenerationError,
     Rule,
@@ -123,9 +122,9 @@ def check_valid(obj: Obj) -> None:
 
 
 def missing_phases(objs: list[Obj]) -> set[Phase]:
-    """Phases no fixture is in, bar those no e2e run records."""
+    """Phases no fixture is in."""
     phases = {(obj.get("status") or {}).get("phase") for obj in objs}
-    return {p for p in Phase if p not in UNRECORDED_PHASES and p.value not in phases}
+    return {p for p in Phase if p.value not in phases}
 
 
 def undecided(objs: list[Obj]) -> list[Rule]:
