@@ -5,6 +5,10 @@ Measures, side by side in one run, on the same CPU state (about --size-gb) and t
 
 - `torch.save` to a file followed by fsync (a durable save, blocking the loop throughout);
 - the blocking part of `torch.distributed.checkpoint.async_save` (until it returns);
+- DCP through trainguard's storage writer (`trainguard_harness.dcp.trainguard_writer`, one
+  process, so a sharded checkpoint of world size 1): `dcp.save` (blocking throughout) and the
+  blocking part of `dcp.async_save` with that writer, and the time until its checkpoint is
+  committed (files hashed as written, fsynced, manifest last);
 - a warm copy of the state into preallocated buffers (the physical limit of any snapshot) and,
   for scale, a clone into fresh memory;
 - the trainguard harness: the loop's stall per save (`CheckpointWriter.save`), cold (first save,
@@ -45,9 +49,10 @@ from typing import Any
 import blake3
 import torch
 import xxhash
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save, save
 
-from trainguard.ckpt import DEFAULT_ALGORITHM
+from trainguard.ckpt import DEFAULT_ALGORITHM, step_dirname
+from trainguard_harness.dcp import trainguard_writer
 from trainguard_harness.writer import CheckpointWriter, PersistStats
 
 GB = 1e9
@@ -111,17 +116,41 @@ def torch_save_once(state: dict[str, Any], directory: Path) -> float:
     return seconds
 
 
+def wait_for(response: Any) -> None:
+    """Wait until an async_save response's checkpoint is complete."""
+    if isinstance(response, AsyncSaveResponse):
+        response.upload_completion.result()
+    else:
+        response.result()
+
+
 def dcp_async_once(state: dict[str, Any], target: Path) -> tuple[float, float]:
     """DCP async_save: (time until it returns, time until the checkpoint is complete)."""
     started = time.perf_counter()
     response = async_save(state, checkpoint_id=str(target))
     returned = time.perf_counter() - started
-    if isinstance(response, AsyncSaveResponse):
-        response.upload_completion.result()
-    else:
-        response.result()
+    wait_for(response)
     total = time.perf_counter() - started
     shutil.rmtree(target)
+    return returned, total
+
+
+def dcp_trainguard_sync_once(state: dict[str, Any], root: Path, step: int) -> float:
+    """dcp.save through trainguard's writer: the loop is blocked until the commit."""
+    seconds = timed(lambda: save(state, storage_writer=trainguard_writer(root, step)))
+    shutil.rmtree(root / step_dirname(step))
+    return seconds
+
+
+def dcp_trainguard_async_once(state: dict[str, Any], root: Path, step: int) -> tuple[float, float]:
+    """dcp.async_save through trainguard's writer: (until it returns, until the commit)."""
+    gc.collect()
+    started = time.perf_counter()
+    response = async_save(state, storage_writer=trainguard_writer(root, step))
+    returned = time.perf_counter() - started
+    wait_for(response)
+    total = time.perf_counter() - started
+    shutil.rmtree(root / step_dirname(step))
     return returned, total
 
 
@@ -149,6 +178,9 @@ class SideBySide:
     torch_save: list[float] = field(default_factory=list)
     dcp_blocking: list[float] = field(default_factory=list)
     dcp_total: list[float] = field(default_factory=list)
+    dcp_tg_sync: list[float] = field(default_factory=list)
+    dcp_tg_async_blocking: list[float] = field(default_factory=list)
+    dcp_tg_async_total: list[float] = field(default_factory=list)
     memcpy_warm: list[float] = field(default_factory=list)
     stalls: list[float] = field(default_factory=list)
     persists: list[PersistStats] = field(default_factory=list)
@@ -170,6 +202,11 @@ def bench_side_by_side(state: dict[str, Any], directory: Path, repeats: int) -> 
         returned, total = dcp_async_once(state, directory / f"dcp-{index}")
         result.dcp_blocking.append(returned)
         result.dcp_total.append(total)
+        gc.collect()
+        result.dcp_tg_sync.append(dcp_trainguard_sync_once(state, directory / "dcp-tg", index))
+        tg_returned, tg_total = dcp_trainguard_async_once(state, directory / "dcp-tg", index)
+        result.dcp_tg_async_blocking.append(tg_returned)
+        result.dcp_tg_async_total.append(tg_total)
         result.memcpy_warm.append(warm.once())
         gc.collect()
         result.stalls.append(writer.save(index + 1, state).stall_seconds)
@@ -178,7 +215,9 @@ def bench_side_by_side(state: dict[str, Any], directory: Path, repeats: int) -> 
         result.persists.append(persisted)
         progress(
             f"repetition {index + 1}/{repeats}: torch.save+fsync {result.torch_save[-1]:.3f}s,"
-            f" dcp.async_save returned {returned:.3f}s, warm copy {result.memcpy_warm[-1]:.3f}s,"
+            f" dcp.async_save returned {returned:.3f}s, through trainguard: dcp.save"
+            f" {result.dcp_tg_sync[-1]:.3f}s, dcp.async_save returned {tg_returned:.3f}s"
+            f" (committed {tg_total:.3f}s), warm copy {result.memcpy_warm[-1]:.3f}s,"
             f" harness stall {result.stalls[-1]:.3f}s (persist {persisted.write_seconds:.3f}s"
             f" + verify {persisted.verify_seconds:.3f}s)"
         )
@@ -313,9 +352,18 @@ def main(argv: list[str] | None = None) -> int:
     median = statistics.median
     stall = median(measured.stalls)
     write = median(p.write_seconds for p in measured.persists)
+    dcp_blocking = median(measured.dcp_blocking)
+    dcp_total = median(measured.dcp_total)
+    tg_async_blocking = median(measured.dcp_tg_async_blocking)
+    tg_async_total = median(measured.dcp_tg_async_total)
+    tg_sync = median(measured.dcp_tg_sync)
     report = {
         "stall_ratio_vs_torch_save": stall / median(measured.torch_save),
-        "stall_ratio_vs_dcp_async": stall / median(measured.dcp_blocking),
+        "stall_ratio_vs_dcp_async": stall / dcp_blocking,
+        # DCP through trainguard's writer, beside DCP's own async_save.
+        "dcp_trainguard_async_blocking_ratio_vs_dcp_async": tg_async_blocking / dcp_blocking,
+        "dcp_trainguard_async_total_ratio_vs_dcp_async": tg_async_total / dcp_total,
+        "dcp_trainguard_save_ratio_vs_dcp_async_blocking": tg_sync / dcp_blocking,
         "stall_ratio_vs_memcpy": stall / median(measured.memcpy_warm),
         "persist_gbps": size / write / GB,
         "hash_gbps": hashes[DEFAULT_ALGORITHM],
@@ -323,8 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         "stall_s": stall,
         "stall_cold_s": measured.stall_cold,
         "torch_save_fsync_s": median(measured.torch_save),
-        "dcp_async_save_blocking_s": median(measured.dcp_blocking),
-        "dcp_async_save_total_s": median(measured.dcp_total),
+        "dcp_async_save_blocking_s": dcp_blocking,
+        "dcp_async_save_total_s": dcp_total,
+        "dcp_trainguard_save_s": tg_sync,
+        "dcp_trainguard_async_save_blocking_s": tg_async_blocking,
+        "dcp_trainguard_async_save_total_s": tg_async_total,
         "memcpy_warm_s": median(measured.memcpy_warm),
         "clone_fresh_s": measured.clone_fresh,
         "persist_write_s": write,
@@ -347,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
             "stall_s": measured.stalls,
             "torch_save_fsync_s": measured.torch_save,
             "dcp_async_save_blocking_s": measured.dcp_blocking,
+            "dcp_trainguard_save_s": measured.dcp_tg_sync,
+            "dcp_trainguard_async_save_blocking_s": measured.dcp_tg_async_blocking,
             "memcpy_warm_s": measured.memcpy_warm,
             "persist_write_s": [p.write_seconds for p in measured.persists],
         },

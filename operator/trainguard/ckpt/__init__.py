@@ -4,7 +4,9 @@ Torch-free and Kubernetes-free on purpose: the agent ships and restores checkpoi
 package alone. A checkpoint is a directory `step-<8 digits>/` holding files and a MANIFEST.json
 written last (see `manifest`); it is written as a transaction (`txn`), read only after it
 verifies (`verify`), retired by keep-last-N (`retention`) and pinned while a remote layer
-ships it (`pin`). `layout` documents the names in a checkpoint root.
+ships it (`pin`). `layout` documents the names in a checkpoint root. A checkpoint written by
+several ranks is sharded (each rank's files under `rank-<k>/`, one global manifest written last
+by the coordinator, `txn.ShardWriter`) and is verified, copied, shipped and restored as one.
 """
 
 from trainguard.ckpt.copy import CheckpointInvalidError, copy_checkpoint
@@ -18,7 +20,13 @@ from trainguard.ckpt.hashing import (
     hash_file,
     new_hasher,
 )
-from trainguard.ckpt.layout import DIRECT_IO_ALIGN, parse_step_dirname, step_dirname
+from trainguard.ckpt.layout import (
+    DIRECT_IO_ALIGN,
+    parse_rank_dirname,
+    parse_step_dirname,
+    rank_dirname,
+    step_dirname,
+)
 from trainguard.ckpt.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILENAME,
@@ -34,7 +42,12 @@ from trainguard.ckpt.pin import (
     unpin_checkpoint,
 )
 from trainguard.ckpt.retention import PruneResult, prune, remove_checkpoint_dir, remove_partials
-from trainguard.ckpt.txn import CheckpointTransaction, CheckpointWriteError, Committed
+from trainguard.ckpt.txn import (
+    CheckpointTransaction,
+    CheckpointWriteError,
+    Committed,
+    ShardWriter,
+)
 from trainguard.ckpt.verify import (
     Problem,
     Scan,
@@ -66,6 +79,7 @@ __all__ = [
     "PruneResult",
     "Scan",
     "Search",
+    "ShardWriter",
     "UnknownHashAlgorithmError",
     "Verification",
     "available_algorithms",
@@ -74,9 +88,11 @@ __all__ = [
     "hash_file",
     "list_checkpoint_dirs",
     "new_hasher",
+    "parse_rank_dirname",
     "parse_step_dirname",
     "pin_checkpoint",
     "prune",
+    "rank_dirname",
     "remove_checkpoint_dir",
     "remove_partials",
     "remove_pins",

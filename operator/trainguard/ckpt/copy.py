@@ -3,7 +3,9 @@
 The source is verified while it is copied: each file is hashed as it is read, and the copy is
 committed only if every hash matches the source manifest. The destination is written with the
 same transaction as any other checkpoint, so a copy interrupted at any point leaves nothing
-that could be read as a checkpoint.
+that could be read as a checkpoint. A sharded checkpoint stays sharded: each rank's files are
+copied into that rank's shard and reported (`CheckpointTransaction.create_as`), so the copy's
+manifest records the same world size and the same rank for every file.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ class CheckpointInvalidError(RuntimeError):
 
     def __init__(self, source: str | os.PathLike[str], problems: tuple[Problem, ...]) -> None:
         super().__init__(f"{source}: " + "; ".join(str(problem) for problem in problems))
+        self.source = source
         self.problems = problems
+
+    def __reduce__(self) -> tuple[type[CheckpointInvalidError], tuple[object, ...]]:
+        # Picklable whole: a distributed reader sends it from the rank that found it to all.
+        return (type(self), (self.source, self.problems))
 
 
 def copy_checkpoint(
@@ -58,12 +65,13 @@ def copy_checkpoint(
         contents=contents,
         algorithm=manifest.hash_algorithm,
         metadata=manifest.metadata,
+        world_size=manifest.world_size,
     ) as txn:
         for entry in entries:
             source_hasher = new_hasher(manifest.hash_algorithm)
             with (
                 Path(source, entry.path).open("rb", buffering=0) as reader,
-                txn.create(entry.path) as writer,
+                txn.create_as(entry) as writer,
             ):
                 while count := reader.readinto(view):
                     source_hasher.update(view[:count])
@@ -71,4 +79,6 @@ def copy_checkpoint(
             if source_hasher.hexdigest() != entry.hash:
                 corrupt = Problem(entry.path, f"{manifest.hash_algorithm} hash mismatch")
                 raise CheckpointInvalidError(source, (corrupt,))
+        # Every rank reports, those without a selected file too (a weights-only copy).
+        txn.report_copied_shards()
         return txn.commit(timestamp=manifest.time)

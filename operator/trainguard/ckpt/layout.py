@@ -5,6 +5,8 @@ A checkpoint root (an L1 directory, or a remote layer mounted as a directory) ho
 | entry | meaning |
 |---|---|
 | `step-<8 digits>/` | a checkpoint; valid only if its manifest verifies |
+| `step-<8 digits>/rank-<5 digits>/` | in a sharded checkpoint (written by several ranks): the |
+| | files of one rank, listed with that rank in the one global manifest |
 | `.tmp-step-<8 digits>-<unique>/` | a checkpoint being written; never read, removable |
 | `.deleting-step-<8 digits>-<unique>/` | a checkpoint being removed; never read, removable |
 | `.invalid-step-<8 digits>-<unique>/` | an invalid checkpoint moved aside by a newer save of |
@@ -32,12 +34,16 @@ TMP_PREFIX = ".tmp-"
 DELETING_PREFIX = ".deleting-"
 INVALID_PREFIX = ".invalid-"
 PIN_PREFIX = ".pin-"
+RANK_PREFIX = "rank-"
+RANK_DIGITS = 5
+MAX_RANK = 10**RANK_DIGITS - 1
 # O_DIRECT transfers must be aligned (memory, offset, length) to the device's logical block
 # size; 4096 satisfies every common device. O_DIRECT is 0 where the platform lacks it.
 DIRECT_IO_ALIGN = 4096
 O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 
 _STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d{{{STEP_DIGITS}}})$")
+_RANK_RE = re.compile(rf"^{RANK_PREFIX}(\d{{{RANK_DIGITS}}})$")
 
 
 def step_dirname(step: int) -> str:
@@ -50,6 +56,19 @@ def step_dirname(step: int) -> str:
 def parse_step_dirname(name: str) -> int | None:
     """The step of a checkpoint directory name, or None when the name is not one."""
     match = _STEP_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def rank_dirname(rank: int) -> str:
+    """The directory of rank `rank`'s files inside a sharded checkpoint."""
+    if not 0 <= rank <= MAX_RANK:
+        raise ValueError(f"rank must be within 0..{MAX_RANK}, got {rank}")
+    return f"{RANK_PREFIX}{rank:0{RANK_DIGITS}d}"
+
+
+def parse_rank_dirname(name: str) -> int | None:
+    """The rank of a rank directory name, or None when the name is not one."""
+    match = _RANK_RE.match(name)
     return int(match.group(1)) if match else None
 
 

@@ -9,6 +9,15 @@ Order of operations (the contract in DESIGN.md "Checkpoints")::
     rename .tmp-step-N-<unique>/ -> step-N/
     fsync  the root                       the rename is durable
 
+A sharded checkpoint (several ranks, one checkpoint) follows the same order with one more
+party. The coordinator opens the transaction with the `world_size`; every rank, itself included,
+writes its files into `rank-<k>/` of the coordinator's temporary directory through a
+`ShardWriter` (hashing as it writes, fsyncing every file and its directory) and hands the
+coordinator the entries it wrote; the coordinator records each rank's report (`add_shard`:
+the files exist with the reported sizes), adds the global files, and commits: the manifest is
+written only once every rank has reported, so a rank that died mid-save leaves only a hidden
+temporary directory behind, never a checkpoint.
+
 Large aligned buffers can be written with O_DIRECT (`create(..., direct=True)`), bypassing the
 page cache. Every write, fsync and close error propagates (ENOSPC and EIO included): a save
 that cannot be made durable fails loudly and leaves the temporary directory for `abort()` to
@@ -21,10 +30,12 @@ import ctypes
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from threading import Lock
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import JsonValue
 
@@ -42,6 +53,7 @@ from trainguard.ckpt.layout import (
     fsync_path,
     hidden_name,
     open_direct,
+    rank_dirname,
     step_dirname,
 )
 from trainguard.ckpt.manifest import (
@@ -74,6 +86,22 @@ def buffer_address(view: memoryview) -> int | None:
     return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
 
+class FileOwner(Protocol):
+    """What a file being written reports to: a transaction, or one rank's `ShardWriter`."""
+
+    @property
+    def algorithm(self) -> str:
+        """The hash algorithm of the checkpoint."""
+        ...
+
+    @property
+    def rank(self) -> int | None:
+        """The rank whose file it is (None: a global or single writer's file)."""
+        ...
+
+    def _record(self, entry: FileEntry) -> None: ...
+
+
 class HashedFileWriter:
     """A file of a checkpoint being written: hashes every byte written, fsyncs on close.
 
@@ -85,12 +113,10 @@ class HashedFileWriter:
     writer silently uses the page cache for everything.
     """
 
-    def __init__(
-        self, txn: CheckpointTransaction, relpath: str, path: Path, *, direct: bool = False
-    ) -> None:
-        self._txn = txn
+    def __init__(self, owner: FileOwner, relpath: str, path: Path, *, direct: bool = False) -> None:
+        self._owner = owner
         self._relpath = relpath
-        self._hasher = new_hasher(txn.algorithm)
+        self._hasher = new_hasher(owner.algorithm)
         self._size = 0
         self._fd: int | None = os.open(
             path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE
@@ -107,6 +133,11 @@ class HashedFileWriter:
     def direct(self) -> bool:
         """Whether aligned writes bypass the page cache."""
         return self._direct_fd is not None
+
+    @property
+    def size(self) -> int:
+        """Bytes written so far (the offset of the next write)."""
+        return self._size
 
     def _write_at(self, fd: int, view: memoryview) -> None:
         for start in range(0, len(view), CHUNK_BYTES):
@@ -150,8 +181,9 @@ class HashedFileWriter:
             if direct_fd is not None:
                 os.close(direct_fd)
             os.close(fd)
-        entry = FileEntry(path=self._relpath, size=self._size, hash=self._hasher.hexdigest())
-        self._txn._record(entry)
+        digest = self._hasher.hexdigest()
+        entry = FileEntry(path=self._relpath, size=self._size, hash=digest, rank=self._owner.rank)
+        self._owner._record(entry)
         return entry
 
     def discard(self) -> None:
@@ -195,8 +227,13 @@ class CheckpointTransaction:
     """One checkpoint being written under a hidden name until `commit()` (see module docstring).
 
     Use as a context manager: leaving the block with an exception aborts (removes the temporary
-    directory); leaving it normally without `commit()` aborts too.
+    directory); leaving it normally without `commit()` aborts too. With `world_size`, the
+    checkpoint is sharded: ranks write into `tmp_dir` through `ShardWriter`s and the commit
+    needs every rank's `add_shard`.
     """
+
+    # The transaction's own files are global ones (`FileOwner`).
+    rank = None
 
     def __init__(
         self,
@@ -206,8 +243,12 @@ class CheckpointTransaction:
         contents: Contents = Contents.FULL,
         algorithm: str = DEFAULT_ALGORITHM,
         metadata: dict[str, JsonValue] | None = None,
+        world_size: int | None = None,
     ) -> None:
         new_hasher(algorithm)  # fail before touching the disk when the name is unknown
+        if world_size is not None and world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {world_size}")
+        self.world_size = world_size
         self.root = Path(root)
         self.step = step
         self.contents = contents
@@ -220,6 +261,8 @@ class CheckpointTransaction:
         self._entries: dict[str, FileEntry] = {}
         self._open: set[str] = set()
         self._subdirs: set[Path] = set()
+        self._reported: set[int] = set()
+        self._copies: dict[int, ShardWriter] = {}
         self._done = False
 
     def create(self, relpath: str, *, direct: bool = False) -> HashedFileWriter:
@@ -248,9 +291,67 @@ class CheckpointTransaction:
             raise
         return writer.close()
 
+    def create_as(self, entry: FileEntry) -> HashedFileWriter:
+        """Create the file `entry` names, in its rank's shard where it has a rank.
+
+        For a copy of a checkpoint (`copy_checkpoint`, a remote layer's fetch): a sharded
+        source stays sharded, each file under the same rank, and `report_copied_shards`
+        reports every rank before `commit`.
+        """
+        if entry.rank is None:
+            return self.create(entry.path)
+        shard = self._copies.get(entry.rank)
+        if shard is None:
+            shard = ShardWriter(self.tmp_dir, entry.rank, algorithm=self.algorithm)
+            self._copies[entry.rank] = shard
+        return shard.create(entry.path[len(rank_dirname(entry.rank)) + 1 :])
+
+    def report_copied_shards(self) -> None:
+        """Report each rank's files created by `create_as` (none for a rank left out)."""
+        for rank in range(self.world_size or 0):
+            shard = self._copies.get(rank)
+            self.add_shard(rank, shard.close() if shard is not None else ())
+
     def _record(self, entry: FileEntry) -> None:
         self._open.discard(entry.path)
         self._entries[entry.path] = entry
+
+    def add_shard(self, rank: int, entries: Iterable[FileEntry]) -> None:
+        """Record rank `rank`'s report: the files its `ShardWriter` wrote, fsynced and closed.
+
+        Each file must lie in the rank's directory, name the rank and exist with the reported
+        size (its bytes were hashed by the rank as it wrote them; reading them again here would
+        cost a second pass over the whole checkpoint). Every rank reports exactly once, with
+        no files if it had nothing to save.
+        """
+        self._check_open()
+        if self.world_size is None:
+            raise CheckpointWriteError("add_shard needs a sharded transaction (world_size)")
+        if not 0 <= rank < self.world_size:
+            raise CheckpointWriteError(f"rank {rank} is outside world_size {self.world_size}")
+        if rank in self._reported:
+            raise CheckpointWriteError(f"rank {rank} has already reported its shard")
+        prefix = rank_dirname(rank) + "/"
+        checked = []
+        for entry in entries:
+            if entry.rank != rank or not entry.path.startswith(prefix):
+                raise CheckpointWriteError(f"{entry.path} is not a file of rank {rank}'s shard")
+            if entry.path in self._entries:
+                raise CheckpointWriteError(f"{entry.path} is already part of this checkpoint")
+            try:
+                size = (self.tmp_dir / entry.path).stat().st_size
+            except FileNotFoundError:
+                raise CheckpointWriteError(
+                    f"{entry.path}: reported by rank {rank} but not written"
+                ) from None
+            if size != entry.size:
+                raise CheckpointWriteError(
+                    f"{entry.path}: rank {rank} reported {entry.size} bytes, {size} are there"
+                )
+            checked.append(entry)
+        for entry in checked:
+            self._entries[entry.path] = entry
+        self._reported.add(rank)
 
     def _check_open(self) -> None:
         if self._done:
@@ -261,6 +362,10 @@ class CheckpointTransaction:
         self._check_open()
         if self._open:
             raise CheckpointWriteError(f"files still open: {sorted(self._open)}")
+        if self.world_size is not None:
+            missing = sorted(set(range(self.world_size)) - self._reported)
+            if missing:
+                raise CheckpointWriteError(f"no shard reported by rank(s) {missing}")
         # Every directory's entries must be durable before the manifest claims the files.
         for directory in sorted(self._subdirs, key=lambda path: len(path.parts), reverse=True):
             fsync_path(directory)
@@ -273,6 +378,7 @@ class CheckpointTransaction:
             hash_algorithm=self.algorithm,
             files=tuple(sorted(self._entries.values(), key=lambda entry: entry.path)),
             metadata=self.metadata,
+            world_size=self.world_size,
         )
         manifest_path = self.tmp_dir / MANIFEST_FILENAME
         fd = os.open(manifest_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
@@ -330,3 +436,80 @@ class CheckpointTransaction:
         tb: TracebackType | None,
     ) -> None:
         self.abort()
+
+
+class ShardWriter:
+    """One rank's files of a sharded checkpoint (see the module docstring).
+
+    Writes into `rank-<k>/` of the coordinator's temporary directory `tmp_dir` (which must
+    exist: the coordinator made it); `close()` makes the rank's files and directories durable
+    and returns the entries to hand to the coordinator's `CheckpointTransaction.add_shard`.
+    Files may be written from several threads at once.
+    """
+
+    def __init__(
+        self, tmp_dir: str | os.PathLike[str], rank: int, *, algorithm: str = DEFAULT_ALGORITHM
+    ) -> None:
+        new_hasher(algorithm)
+        self._rank = rank
+        self._algorithm = canonical_algorithm(algorithm)
+        self.tmp_dir = Path(tmp_dir)
+        self.directory = self.tmp_dir / rank_dirname(rank)
+        self.directory.mkdir(exist_ok=True)
+        self._entries: dict[str, FileEntry] = {}
+        self._open: set[str] = set()
+        self._subdirs: set[Path] = set()
+        self._lock = Lock()
+        self._closed = False
+
+    @property
+    def algorithm(self) -> str:
+        """The hash algorithm of the checkpoint."""
+        return self._algorithm
+
+    @property
+    def rank(self) -> int:
+        """The rank whose files these are."""
+        return self._rank
+
+    def create(self, relpath: str, *, direct: bool = False) -> HashedFileWriter:
+        """Create a file at `relpath` within the rank's directory (subdirectories allowed)."""
+        name = f"{rank_dirname(self._rank)}/{relpath}"
+        FileEntry(path=name, size=0, hash="")  # validates the path
+        path = self.tmp_dir / name
+        with self._lock:
+            if self._closed:
+                raise CheckpointWriteError(f"rank {self._rank}'s shard is already closed")
+            if name in self._entries or name in self._open:
+                raise CheckpointWriteError(f"{name} is already part of this checkpoint")
+            if path.parent != self.directory:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._subdirs.update(p for p in path.parents if self.directory in p.parents)
+            self._open.add(name)
+        return HashedFileWriter(self, name, path, direct=direct)
+
+    def write_file(self, relpath: str, data: Buffer) -> FileEntry:
+        """Create, write and close a file in one call."""
+        writer = self.create(relpath)
+        try:
+            writer.write(data)
+        except BaseException:
+            writer.discard()
+            raise
+        return writer.close()
+
+    def _record(self, entry: FileEntry) -> None:
+        with self._lock:
+            self._open.discard(entry.path)
+            self._entries[entry.path] = entry
+
+    def close(self) -> tuple[FileEntry, ...]:
+        """Make the rank's directories durable; return its files (for `add_shard`)."""
+        with self._lock:
+            if self._open:
+                raise CheckpointWriteError(f"files still open: {sorted(self._open)}")
+            self._closed = True
+        for directory in sorted(self._subdirs, key=lambda path: len(path.parts), reverse=True):
+            fsync_path(directory)
+        fsync_path(self.directory)
+        return tuple(sorted(self._entries.values(), key=lambda entry: entry.path))

@@ -3,7 +3,9 @@
 Valid = the manifest parses, names this format version and a known hash algorithm, matches the
 directory's step, and every listed file exists with the recorded size and hash. Every problem
 of a checkpoint is collected (not just the first), each naming the file it concerns (none for
-the checkpoint as a whole), so reports say everything that is wrong and where.
+the checkpoint as a whole), so reports say everything that is wrong and where. A sharded
+checkpoint verifies as one: a problem with any rank's file makes the whole checkpoint invalid,
+and the problem names the rank that wrote the file.
 Invalid checkpoints are reported and skipped by every reader here; nothing here deletes them.
 """
 
@@ -24,7 +26,7 @@ from trainguard.ckpt.layout import (
     TMP_PREFIX,
     parse_step_dirname,
 )
-from trainguard.ckpt.manifest import FORMAT_VERSION, MANIFEST_FILENAME, Manifest
+from trainguard.ckpt.manifest import FORMAT_VERSION, MANIFEST_FILENAME, FileEntry, Manifest
 
 
 class Problem(NamedTuple):
@@ -110,28 +112,37 @@ def _file_problems(
 ) -> list[Problem]:
     problems = []
     for entry in manifest.files:
-        file_path = directory / entry.path
-        try:
-            size = file_path.stat().st_size
-        except FileNotFoundError:
-            problems.append(Problem(entry.path, "missing"))
+        reason = _entry_problem(directory, manifest, entry, hashes=check_hashes, direct=direct)
+        if reason is None:
             continue
-        except OSError as error:
-            problems.append(Problem(entry.path, f"unreadable: {error}"))
-            continue
-        if size != entry.size:
-            problems.append(Problem(entry.path, f"size {size} != {entry.size} in the manifest"))
-            continue
-        if not check_hashes:
-            continue
-        try:
-            _, digest = hash_file(file_path, manifest.hash_algorithm, direct=direct)
-        except OSError as error:
-            problems.append(Problem(entry.path, f"unreadable: {error}"))
-            continue
-        if digest != entry.hash:
-            problems.append(Problem(entry.path, f"{manifest.hash_algorithm} hash mismatch"))
+        if entry.rank is not None:
+            reason = f"{reason} (rank {entry.rank} of {manifest.world_size})"
+        problems.append(Problem(entry.path, reason))
     return problems
+
+
+def _entry_problem(
+    directory: Path, manifest: Manifest, entry: FileEntry, *, hashes: bool, direct: bool
+) -> str | None:
+    """What is wrong with one listed file, or None."""
+    file_path = directory / entry.path
+    try:
+        size = file_path.stat().st_size
+    except FileNotFoundError:
+        return "missing"
+    except OSError as error:
+        return f"unreadable: {error}"
+    if size != entry.size:
+        return f"size {size} != {entry.size} in the manifest"
+    if not hashes:
+        return None
+    try:
+        _, digest = hash_file(file_path, manifest.hash_algorithm, direct=direct)
+    except OSError as error:
+        return f"unreadable: {error}"
+    if digest != entry.hash:
+        return f"{manifest.hash_algorithm} hash mismatch"
+    return None
 
 
 @dataclass(frozen=True)

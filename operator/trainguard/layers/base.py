@@ -255,9 +255,10 @@ class RemoteLayer:
                 contents=manifest.contents,
                 algorithm=manifest.hash_algorithm,
                 metadata=manifest.metadata,
+                world_size=manifest.world_size,
             ) as txn:
                 for entry in manifest.files:
-                    writer = txn.create(entry.path)
+                    writer = txn.create_as(entry)
                     try:
                         with self.store.download(checkpoint_key(ref, entry.path)) as chunks:
                             for chunk in chunks:
@@ -270,6 +271,7 @@ class RemoteLayer:
                         what = f"{manifest.hash_algorithm} hash or size differs from the manifest"
                         wrong = Problem(entry.path, what)
                         raise InvalidCheckpointError(self.config.name, step, (wrong,))
+                txn.report_copied_shards()
                 return Path(txn.commit(timestamp=manifest.time).path)
 
     def prune(self, keep: int, lineage: Lineage | None = None) -> Pruning:
