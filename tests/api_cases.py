@@ -599,6 +599,32 @@ CASES: tuple[Case, ...] = (
         ("spec.trainer.resources.cpu", "8 cores"),
         says="non-negative Kubernetes quantity",
     ),
+    # Ranks: one pod per attempt for now, at most one rank per GPU.
+    case(
+        "nodes-two",
+        "spec.trainer.nodes",
+        ("spec.trainer.nodes", 2),
+        says="multi-node gangs are not supported yet",
+    ),
+    case(
+        "nodes-zero",
+        "spec.trainer.nodes",
+        ("spec.trainer.nodes", 0),
+        says="greater than or equal to 1",
+    ),
+    case(
+        "procs-per-node-above-gpus",
+        "spec.trainer.procsPerNode",
+        ("spec.trainer.resources.gpus", 2),
+        ("spec.trainer.procsPerNode", 4),
+        says="procsPerNode 4 exceeds the GPU count 2",
+    ),
+    case(
+        "procs-per-node-zero",
+        "spec.trainer.procsPerNode",
+        ("spec.trainer.procsPerNode", 0),
+        says="greater than or equal to 1",
+    ),
     # The run itself.
     case(
         "run-name-too-long",

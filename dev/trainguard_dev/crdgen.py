@@ -127,6 +127,13 @@ def printer_columns() -> list[Schema]:
             "Latest training throughput.",
             1,
         ),
+        (
+            "Ranks",
+            "integer",
+            ".spec.trainer.procsPerNode",
+            "Ranks per pod where set (empty: one per GPU, or one for a CPU-only run).",
+            1,
+        ),
     ]
     return [
         {"name": name, "type": kind, "jsonPath": path, "description": description}

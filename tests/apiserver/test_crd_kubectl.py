@@ -76,8 +76,13 @@ def test_get_shows_the_printer_columns(cluster: Cluster, namespace: str) -> None
     assert len(rows["minimal"]) == 2  # no status yet: only the name and the age
 
     wide = cluster.kubectl("get", "tr", "full", "-n", namespace, "-o", "wide").stdout
-    assert wide.splitlines()[0].split()[-2:] == ["VERDICT", "TOKENS/S"]
+    assert wide.splitlines()[0].split()[-3:] == ["VERDICT", "TOKENS/S", "RANKS"]
+    # The full example leaves procsPerNode out (one rank per GPU): its cell is empty.
     assert wide.splitlines()[1].split()[-2:] == ["Healthy", "23950.5"]
+
+    cluster.kubectl("create", "-n", namespace, "-f", str(EXAMPLES / "multi-gpu.yaml"))
+    ranks = cluster.kubectl("get", "tr", "multi-gpu", "-n", namespace, "-o", "wide").stdout
+    assert ranks.splitlines()[1].split()[-1] == "8"
 
 
 def test_category_lists_runs(cluster: Cluster, namespace: str) -> None:

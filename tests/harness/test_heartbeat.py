@@ -49,8 +49,9 @@ def test_fields_and_first_write(tmp_path: Path) -> None:
     assert set(record) == {
         hb.PID, hb.STEP, hb.TIME, hb.PHASE, hb.TOKENS_PER_S, hb.LOSS, hb.MEMORY_ALLOCATED,
         hb.MEMORY_RESERVED, hb.MEMORY_BY_DEVICE, hb.LAST_CHECKPOINT_STEP, hb.CHECKPOINT_ERROR,
-        hb.CHECKPOINT_STALL_S, hb.INVALID_CHECKPOINTS,
+        hb.CHECKPOINT_STALL_S, hb.INVALID_CHECKPOINTS, hb.RANK, hb.LOCAL_RANK,
     }  # fmt: skip
+    assert record[hb.RANK] is None and record[hb.LOCAL_RANK] is None  # one process: no ranks
     assert record[hb.PID] == os.getpid() and record[hb.STEP] == 7
     assert record[hb.MEMORY_ALLOCATED] == 1024 and record[hb.MEMORY_RESERVED] == 4096
     # Every device the process holds memory on, not only the current one.
@@ -58,6 +59,21 @@ def test_fields_and_first_write(tmp_path: Path) -> None:
     assert before <= record[hb.TIME] <= time.time()
     assert read_heartbeat(tmp_path / "none.json") is None
     beat.close()
+
+
+def test_a_rank_writes_its_own_file_and_local_rank_0_the_shared_one_too(tmp_path: Path) -> None:
+    shared = tmp_path / "heartbeat.json"
+    zero = Heartbeat(tmp_path / "heartbeat-0.json", copies=(shared,), rank=4, local_rank=0)
+    one = Heartbeat(tmp_path / "heartbeat-1.json", rank=5, local_rank=1)
+    zero.update(step=3)
+    one.update(step=3)
+    own = read_heartbeat(tmp_path / "heartbeat-0.json")
+    assert own is not None and own == read_heartbeat(shared)
+    assert (own[hb.RANK], own[hb.LOCAL_RANK], own[hb.STEP]) == (4, 0, 3)
+    other = read_heartbeat(tmp_path / "heartbeat-1.json")
+    assert other is not None and (other[hb.RANK], other[hb.LOCAL_RANK]) == (5, 1)
+    zero.close()
+    one.close()
 
 
 class FakeCuda:

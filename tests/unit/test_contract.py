@@ -41,6 +41,7 @@ def full_run() -> TrainingRun:
         },
         "data": {"mountPath": "/local/data"},
         "recovery": {"backoff": {"initialSeconds": 7}},
+        "trainer": {"resources": {"gpus": 4}},  # ranks: one per GPU
     }
     run = example_run("full", spec=changes, namespace="team-a")
     run["metadata"]["uid"] = "0f6c-uid"
@@ -89,6 +90,7 @@ def expected_from_spec(
         "heartbeat_file": state / files.HEARTBEAT_FILENAME,
         "gpu_file": state / files.GPU_FILENAME,
         "log_file": Path("/trainguard/logs") / files.LOG_FILENAME,
+        "procs_per_node": 4,
         "keep_last": spec.checkpoints.l1.keep_last,
         "every_steps": spec.checkpoints.every_steps,
         "every_seconds": spec.checkpoints.every_seconds,

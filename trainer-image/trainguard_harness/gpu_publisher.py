@@ -29,18 +29,23 @@ class GpuPublisher(threading.Thread):
         child_alive: Callable[[], bool],
         interval_s: float = DEFAULT_INTERVAL_S,
         environ: dict[str, str] | None = None,
+        live_count: Callable[[], int] | None = None,
     ) -> None:
         super().__init__(name="trainguard-gpu-publisher", daemon=True)
         self.path = path
         self.interval_s = interval_s
         self._child_alive = child_alive
+        # The live training processes, where the pod runs several ranks (one each).
+        self._live_count = live_count
         self._environ = environ
         self._probe: GpuProbe | None = None
         self._done = threading.Event()
 
     def _live_processes(self) -> list[float]:
         # For the simulator: the training process holds memory (on each of the pod's GPUs)
-        # exactly while it lives.
+        # exactly while it lives; several ranks hold it each on its own GPU.
+        if self._live_count is not None:
+            return [SIMULATED_PROCESS_MIB] * self._live_count()
         return [SIMULATED_PROCESS_MIB] if self._child_alive() else []
 
     def publish_once(self) -> None:

@@ -10,6 +10,10 @@ The pod agent reads it to tell a live, advancing trainer from a hung or dead one
      "last_checkpoint_step": 1200, "checkpoint_error": null, "checkpoint_stall_s": 0.41,
      "invalid_checkpoints": []}
 
+In a pod of several ranks each rank writes its own file, `heartbeat-<local rank>.json` next to
+`heartbeat.json`, with `rank` (its global rank) and `local_rank` set; local rank 0 writes the
+same record to `heartbeat.json` as well, so a reader of the one heartbeat keeps working
+(`trainguard.contract.files`). A single process leaves them null.
 `time` is when the training loop last reported (wall clock, seconds since the epoch), not when
 the file was written, so a loop that stops reporting looks stopped. Memory is what the
 framework holds (CUDA allocator statistics); it is null when no GPU is in use.
@@ -61,6 +65,8 @@ LAST_CHECKPOINT_STEP = "last_checkpoint_step"
 CHECKPOINT_ERROR = "checkpoint_error"
 CHECKPOINT_STALL_S = "checkpoint_stall_s"
 INVALID_CHECKPOINTS = HEARTBEAT_FIELD
+RANK = "rank"
+LOCAL_RANK = "local_rank"
 
 PHASE_TRAINING = "training"
 PHASE_SAVING = "saving"
@@ -119,8 +125,13 @@ class Heartbeat:
         min_interval: float = MIN_INTERVAL_S,
         memory: Callable[[], tuple[int | None, int | None]] = framework_memory,
         memory_by_device: Callable[[], list[dict[str, Any]] | None] = framework_memory_by_device,
+        copies: tuple[Path, ...] = (),
+        rank: int | None = None,
+        local_rank: int | None = None,
     ) -> None:
         self.path = Path(path)
+        # Other files that get the same record (local rank 0's `heartbeat.json`).
+        self.copies = tuple(Path(copy) for copy in copies)
         self.min_interval = min_interval
         self._memory = memory
         self._memory_by_device = memory_by_device
@@ -139,6 +150,8 @@ class Heartbeat:
             CHECKPOINT_ERROR: None,
             CHECKPOINT_STALL_S: None,
             INVALID_CHECKPOINTS: [],
+            RANK: rank,
+            LOCAL_RANK: local_rank,
         }
         self._last_write = -float("inf")
         self._timer: threading.Timer | None = None
@@ -185,13 +198,15 @@ class Heartbeat:
         self._record[MEMORY_ALLOCATED] = allocated
         self._record[MEMORY_RESERVED] = reserved
         self._record[MEMORY_BY_DEVICE] = self._memory_by_device()
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         self._last_write = time.monotonic()
         self._dirty = False
+        text = json.dumps(self._record) + "\n"
         try:
-            # No fsync: the file describes a live process; after a crash it is stale anyway.
-            temporary.write_text(json.dumps(self._record) + "\n")
-            os.replace(temporary, self.path)
+            for path in (self.path, *self.copies):
+                temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                # No fsync: the file describes a live process; after a crash it is stale anyway.
+                temporary.write_text(text)
+                os.replace(temporary, path)
         except OSError as error:
             # Never stop training over the heartbeat: a stale heartbeat is itself the signal.
             if self.write_error is None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from trainguard.ckpt import Manifest, Problem, Verification, new_hasher, verify
 from trainguard.ckpt.hashing import CHUNK_BYTES
+from trainguard.ckpt.layout import step_dirname
 from trainguard.ckpt.verify import list_checkpoint_dirs
 from trainguard_harness.tensorfile import FILE_SUFFIX, StateFormatError, decode_component
 
@@ -108,3 +109,17 @@ def load_newest(
             continue
         return LoadResult(loaded, tuple(skipped))
     return LoadResult(None, tuple(skipped))
+
+
+def load_step(root: Path, step: int) -> LoadedCheckpoint:
+    """Load the checkpoint of `step` under `root`, verified (the one another rank chose).
+
+    CheckpointCorruptError when it is absent or does not verify: a rank may not fall back to
+    another step on its own.
+    """
+    path = root / step_dirname(step)
+    quick = verify(path, check_hashes=False)
+    if quick.manifest is None or not quick.ok:
+        reasons = "; ".join(quick.reasons) or "no manifest"
+        raise CheckpointCorruptError(Problem(None, f"step {step}: {reasons}"))
+    return load_checkpoint(path, quick.manifest)

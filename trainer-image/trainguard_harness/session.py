@@ -14,6 +14,11 @@ Every component is any object with `state_dict()` / `load_state_dict()` (torch m
 optimizers, schedulers, or a small class holding a data position). RNG states (Python, numpy,
 torch CPU and CUDA) are saved and restored automatically as the `rng` component. Paths and
 cadence come from the environment contract (`HarnessSettings.from_env`).
+
+Several ranks (torchrun, `trainguard_harness.ranks`): every rank reports its steps in its own
+heartbeat; only rank 0 saves (the state is replicated); `resume()` loads on every rank the
+checkpoint rank 0 chose, so all ranks start from the same step. Initialise the process group
+before `resume()`.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from trainguard.contract.findings import MAX_HEARTBEAT_FINDINGS, Finding, newest
 from trainguard_harness import heartbeat as hb
 from trainguard_harness import rng
 from trainguard_harness.heartbeat import Heartbeat
-from trainguard_harness.reader import LoadedCheckpoint, LoadResult, load_newest
+from trainguard_harness.ranks import Ranks, agree_on_step, process_group
+from trainguard_harness.reader import LoadedCheckpoint, LoadResult, load_newest, load_step
 from trainguard_harness.settings import HarnessSettings, OnSaveError
 from trainguard_harness.stackdump import install_stack_dumps
 from trainguard_harness.writer import (
@@ -94,13 +100,15 @@ class TrainingSession:
         *,
         verify_after_write: bool = True,
         handle_sigterm: bool = True,
+        ranks: Ranks | None = None,
     ) -> None:
         for name in components:
             if name == RNG_COMPONENT or not _COMPONENT_NAME.match(name):
                 raise ValueError(f"invalid component name {name!r}")
         self.components = dict(components)
         self.settings = settings or HarnessSettings.from_env()
-        self.heartbeat = Heartbeat(self.settings.heartbeat_file)
+        self.ranks = ranks or Ranks.from_env()
+        self.heartbeat = self._heartbeat()
         self.writer = CheckpointWriter(
             self.settings.l1_dir,
             keep_last=self.settings.keep_last,
@@ -122,6 +130,19 @@ class TrainingSession:
         # Invalid L1 checkpoints, for the heartbeat; the writer's thread reports them too.
         self._findings: list[Finding] = []
         self._findings_lock = threading.Lock()
+
+    def _heartbeat(self) -> Heartbeat:
+        """The heartbeat of the calling rank: a file of its own where the pod runs several."""
+        ranks = self.ranks
+        if not ranks.per_rank_heartbeat:
+            return Heartbeat(self.settings.heartbeat_file)
+        main = self.settings.heartbeat_file
+        return Heartbeat(
+            self.settings.pod.rank_heartbeat(ranks.local_rank),
+            copies=(main,) if ranks.local_rank == 0 else (),
+            rank=ranks.rank,
+            local_rank=ranks.local_rank,
+        )
 
     def _request_stop(self, signum: int, frame: FrameType | None) -> None:
         LOG.warning("received %s: stopping after this step", signal.Signals(signum).name)
@@ -160,14 +181,24 @@ class TrainingSession:
     def resume(self) -> int:
         """Load the newest valid L1 checkpoint into the components; return its step (0 if none)."""
         self.heartbeat.update(phase=hb.PHASE_LOADING)
-        result = load_newest(self.settings.l1_dir, on_invalid=self._on_invalid)
+        # With a process group, every rank resumes from the step rank 0 chose (0: a fresh
+        # start), never from its own pick; without one, each rank reads the newest itself.
+        agreed = self.ranks.distributed and process_group() is not None
+        if self.ranks.saves or not agreed:
+            on_invalid = self._on_invalid if self.ranks.saves else None
+            result = load_newest(self.settings.l1_dir, on_invalid=on_invalid)
+        else:
+            result = LoadResult(None, ())
+        chosen = agree_on_step(0 if result.loaded is None else result.loaded.step)
+        if agreed and not self.ranks.saves and chosen:
+            result = LoadResult(load_step(self.settings.l1_dir, chosen), ())
         self.resumed = result
         step = 0
         if result.loaded is not None:
             restore_components(self.components, result.loaded)
             step = result.loaded.step
             self.last_saved_step = step
-            LOG.info("resumed from %s", result.loaded.path)
+            LOG.info("rank %d resumed from %s", self.ranks.rank, result.loaded.path)
         self._last_save_time = time.monotonic()
         self.heartbeat.update(phase=hb.PHASE_TRAINING, step=step, last_checkpoint_step=step or None)
         return step
@@ -195,6 +226,8 @@ class TrainingSession:
             fields[hb.TOKENS_PER_S] = self._rate_tokens / (now - self._rate_start)
             self._rate_start, self._rate_tokens = now, 0
         self.heartbeat.update(**fields)
+        if not self.ranks.saves:
+            return  # rank 0 saves the replicated state
         self._guard(self.writer.check)
         if self.due(step):
             self.save(step)
@@ -204,7 +237,12 @@ class TrainingSession:
             self._guard(lambda: self.writer.prepare(self.state()))
 
     def save(self, step: int) -> SaveStats | None:
-        """Checkpoint now, after the previous persist; None if this save could not start."""
+        """Checkpoint now, after the previous persist; None if this save could not start.
+
+        Only rank 0 saves; on another rank this does nothing and returns None.
+        """
+        if not self.ranks.saves:
+            return None
         self.heartbeat.update(phase=hb.PHASE_SAVING)
         try:
             # A failure of the previous persist is reported on its own; this save still runs.

@@ -6,7 +6,9 @@ same layout as nanoGPT's `train.bin`. A shard of N tokens is 2N bytes.
 
 `TokenStream` reads consecutive windows of `batch_size * block_size + 1` tokens, shard after
 shard, wrapping around at the end (a new epoch). Its position is a checkpoint component, so a
-resumed run reads exactly the batches an uninterrupted run would have read.
+resumed run reads exactly the batches an uninterrupted run would have read. With several
+data-parallel ranks each batch is `world_size` consecutive windows and rank r reads the r-th:
+the position is the same on every rank, so rank 0's checkpoint resumes them all.
 
 Generate synthetic shards (a learnable Markov chain) for tests and the demo::
 
@@ -80,8 +82,19 @@ def write_synthetic_shards(
 class TokenStream:
     """Consecutive (input, target) batches from the shards, with a resumable position."""
 
-    def __init__(self, data_dir: str | os.PathLike[str], batch_size: int, block_size: int) -> None:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        batch_size: int,
+        block_size: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         _require_little_endian()
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} of a world of {world_size}")
+        self.rank, self.world_size = rank, world_size
         self.paths = shard_paths(data_dir)
         self.window = batch_size * block_size + 1
         self.batch_size, self.block_size = batch_size, block_size
@@ -107,14 +120,20 @@ class TokenStream:
                 self.shard, self.epoch = 0, self.epoch + 1
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next (inputs, targets), each of shape (batch_size, block_size), dtype int64."""
-        self._advance_to_fitting_shard()
-        with self.paths[self.shard].open("rb") as handle:
-            handle.seek(self.offset * TOKEN_BYTES)
-            data = bytearray(handle.read(self.window * TOKEN_BYTES))
+        """The next (inputs, targets), each of shape (batch_size, block_size), dtype int64.
+
+        This rank's window of the next `world_size` windows (all of them for one rank).
+        """
+        data = bytearray()
+        for rank in range(self.world_size):
+            self._advance_to_fitting_shard()
+            if rank == self.rank:
+                with self.paths[self.shard].open("rb") as handle:
+                    handle.seek(self.offset * TOKEN_BYTES)
+                    data = bytearray(handle.read(self.window * TOKEN_BYTES))
+            self.offset += self.window - 1
         # int16 then a mask: uint16 arithmetic is not supported by every torch version.
         tokens = torch.frombuffer(data, dtype=torch.int16).to(torch.int64) & 0xFFFF
-        self.offset += self.window - 1
         shape = (self.batch_size, self.block_size)
         return tokens[:-1].view(shape), tokens[1:].view(shape)
 

@@ -32,10 +32,21 @@ counts every restart; `restarts_without_progress` those since progress (bounded 
 `max_restarts`), `backoff_restarts` those since the backoff last started over, and
 `checkpoint_step` is the newest verified L1 checkpoint at the last death.
 
+Several ranks in one pod (`TRAINGUARD_PROCS_PER_NODE` > 1, or `--procs-per-node`): the command
+is started through PyTorch's elastic launcher (`trainguard_harness.launcher`, torchrun with
+`--max-restarts 0`), so any rank that dies ends all of them and the launcher; the supervisor then
+records the first failed rank (`rank_failure`: rank, pid, exit code or signal), makes sure every
+rank of the launch is gone (each rank's own process group, and any orphan, which comes to the
+supervisor as a child subreaper), and restarts all ranks together under the same back-off and
+restart cap. While they run, `rank_pids` maps each local rank to its worker process (not the
+launcher, which is `child_pid`). With one rank the command is started directly, exactly as
+without ranks, `rank_pids` is ``{"0": child_pid}`` and a death is rank 0's `rank_failure`.
+
 It also answers the pod agent's kill requests (`kill-request.json` next to the state file):
 the agent watches from another container, as another user, and may not signal the trainer.
-A request naming the running child's PID gets SIGUSR1 (the harness dumps its stacks), up to
-`STACK_WAIT_S` for the dump, then SIGKILL to the whole group; the kill is recorded as
+A request naming the running child's PID (or one of its ranks') gets SIGUSR1 (the harness
+dumps its stacks; every rank of a multi-rank pod is asked), up to `STACK_WAIT_S` for the dump,
+then SIGKILL to the whole group (and every rank's); the kill is recorded as
 ``"last_kill": {"pid": 11, "requested_at": ..., "killed_at": ..., "dumped": true}`` before
 the restart. A request for any other PID (an earlier trainer) is ignored. This module does
 not import torch.
@@ -45,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -65,10 +77,13 @@ from trainguard.contract.env import ContractError, PodEnv
 from trainguard.contract.files import (
     GPU_FILENAME,
     KILL_REQUEST_FILENAME,
+    LAUNCH_RESULT_FILENAME,
     SUPERVISOR_FILENAME,
+    RankFailure,
     read_json,
     share_with_pod,
 )
+from trainguard_harness import launcher
 from trainguard_harness.gpu_publisher import GpuPublisher
 from trainguard_harness.settings import HarnessSettings
 
@@ -90,6 +105,10 @@ DEFAULT_BACKOFF_RESET_S = float(DEFAULT_BACKOFF_RESET_AFTER_SECONDS)
 MAX_EXPONENT = 62
 # How long a hung trainer gets to write its stacks after SIGUSR1 before it is killed.
 STACK_WAIT_S = 3.0
+# How long the ranks of an ended launch may take to be gone after SIGKILL (they are reaped by
+# the launcher or, orphaned, by the supervisor).
+RANKS_GONE_WAIT_S = 10.0
+PR_SET_CHILD_SUBREAPER = 36
 
 
 @dataclass
@@ -128,6 +147,11 @@ class SupervisorState:
     updated_at: float = field(default_factory=time.time)
     history: list[Attempt] = field(default_factory=list)
     last_kill: dict[str, Any] | None = None  # the last kill a request asked for
+    procs_per_node: int = 1
+    # The running ranks, local rank -> PID (JSON keys are strings); {} while none runs.
+    rank_pids: dict[str, int] = field(default_factory=dict)
+    # The first failed rank of the last launch that failed (`RankFailure.to_dict`).
+    rank_failure: dict[str, Any] | None = None
 
     def write(self, path: Path) -> None:
         """Replace the state file atomically."""
@@ -194,6 +218,29 @@ def kill_group(pgid: int, sig: signal.Signals = signal.SIGKILL) -> None:
         os.killpg(pgid, sig)
 
 
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux), so ranks a dead launcher left behind are found.
+
+    False where the kernel does not offer it; the ranks whose PIDs were learnt are still ended.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_orphans() -> None:
+    """Collect the exit status of adopted orphans that ended (none of them is `Popen`'s)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 class Supervisor:
     """Runs, watches and restarts one command (see the module docstring)."""
 
@@ -209,26 +256,40 @@ class Supervisor:
         l1_dir: Path,
         grace_period: float,
         stacks_file: Callable[[int], Path] | None = None,
+        procs_per_node: int = 1,
     ) -> None:
         self.command = command
         self.state_file = state_file
         self.kill_request_file = state_file.with_name(KILL_REQUEST_FILENAME)
+        self.procs_per_node = procs_per_node
+        self.launch_result_file = state_file.with_name(LAUNCH_RESULT_FILENAME)
+        self.ranks: dict[int, int] = {}  # the running launch's ranks, local rank -> PID
         self.stacks_file = stacks_file
         self._answered: float | None = None  # the requested_at of the last request answered
         self.backoff, self.backoff_max = backoff, backoff_max
         self.backoff_reset = backoff_reset
         self.l1_dir = l1_dir
         self.grace_period = grace_period
-        self.state = SupervisorState(os.getpid(), command, max_restarts)
+        self.state = SupervisorState(
+            os.getpid(), command, max_restarts, procs_per_node=procs_per_node
+        )
         self.child: subprocess.Popen[bytes] | None = None
         self.terminating: signal.Signals | None = None
         self._kill_at: float | None = None
         self._wake = threading.Event()
+        self._first_gone: RankFailure | None = None  # the first rank seen gone in this launch
+        self._gone_seen = False  # whether any rank of this launch was seen gone
 
     def child_alive(self) -> bool:
         """True while a training process runs."""
         child = self.child
         return child is not None and child.poll() is None
+
+    def live_ranks(self) -> int:
+        """Training processes alive now: the ranks of a multi-rank pod, else the child."""
+        if self.procs_per_node == 1:
+            return int(self.child_alive())
+        return sum(1 for pid in list(self.ranks.values()) if not launcher.ended(pid)[0])
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         sig = signal.Signals(signum)
@@ -237,6 +298,8 @@ class Supervisor:
             self._kill_at = time.monotonic() + self.grace_period
         if self.child is not None and self.child.poll() is None:
             kill_group(self.child.pid, sig)
+        for pid in list(self.ranks.values()):  # in sessions of their own (launcher docstring)
+            kill_group(pid, sig)
         self._wake.set()
 
     def _set(self, state: str, **changes: Any) -> None:
@@ -248,52 +311,141 @@ class Supervisor:
     def _run_once(self) -> int:
         """Start the command, wait for it to end, clean up its group; return its return code."""
         self.state.attempt += 1
-        child = subprocess.Popen(self.command, start_new_session=True)
+        multi = self.procs_per_node > 1
+        if multi:
+            self.launch_result_file.unlink(missing_ok=True)
+        command = launcher.launch_command(
+            self.command, self.procs_per_node, self.launch_result_file
+        )
+        child = subprocess.Popen(command, start_new_session=True)
         self.child = child
         if self.terminating is not None:
             kill_group(child.pid, self.terminating)  # the signal arrived while starting it
         record = Attempt(self.state.attempt, child.pid, time.time())
         self.state.history.append(record)
-        self._set(STATE_RUNNING, child_pid=child.pid)
+        self.ranks = {} if multi else {0: child.pid}
+        failure_before = self.state.rank_failure
+        self._set(STATE_RUNNING, child_pid=child.pid, rank_pids=self._rank_pids())
         while True:
             try:
                 returncode = child.wait(timeout=POLL_S)
                 break
             except subprocess.TimeoutExpired:
                 if self._kill_at is not None and time.monotonic() >= self._kill_at:
-                    kill_group(child.pid)
+                    self._kill_launch(child.pid)
+                if multi:
+                    self._watch_ranks(child.pid)
                 self._answer_kill_request(child.pid)
         # The session leader is gone; anything left in its group would hold GPU memory.
         leftovers = group_members(child.pid)
         kill_group(child.pid)
+        if multi:
+            leftovers += self._end_ranks()
         self.child = None
         record.ended_at = time.time()
         record.exit_code, record.signal, record.reason = describe(returncode)
         record.leftover_processes = len(leftovers)
+        if returncode != 0 and self.terminating is None:
+            self.state.rank_failure = self._failure(child.pid, record).to_dict()
+        else:  # an early record of a rank that finished, or stopped with the others
+            self.state.rank_failure = failure_before
+        self.ranks = {}
+        self.state.rank_pids = {}
         return returncode
+
+    def _rank_pids(self) -> dict[str, int]:
+        return {str(rank): pid for rank, pid in sorted(self.ranks.items())}
+
+    def _watch_ranks(self, launcher_pid: int) -> None:
+        """Learn the launch's rank PIDs as the launcher starts them; publish them.
+
+        The launcher ends every rank once one dies, so a rank seen gone alone is recorded at
+        once as the first failure (with its wait status while it is a zombie), for the agent's
+        first look; several seen gone at one poll are left to the launcher's own account,
+        which replaces the early record when the launch ends.
+        """
+        found = launcher.find_ranks(launcher_pid)
+        if any(self.ranks.get(rank) != pid for rank, pid in found.items()):
+            self.ranks.update(found)
+            self._set(STATE_RUNNING, rank_pids=self._rank_pids())
+        if self._gone_seen:
+            return
+        gone = []
+        for rank, pid in sorted(self.ranks.items()):
+            ended, status = launcher.ended(pid)
+            if ended and status != 0:  # a rank that finished (exit 0) is no failure
+                gone.append(launcher.failure_of(rank, pid, status))
+            self._gone_seen = self._gone_seen or ended
+        if len(gone) == 1:
+            self._first_gone = gone[0]
+            self._set(STATE_RUNNING, rank_failure=self._first_gone.to_dict())
+
+    def _failure(self, child_pid: int, record: Attempt) -> RankFailure:
+        """The first failed rank of the launch that just ended (rank 0 = the child for one)."""
+        if self.procs_per_node == 1:
+            return RankFailure(0, child_pid, record.exit_code, record.signal)
+        recorded = launcher.read_result(self.launch_result_file)
+        if recorded is not None:
+            return recorded
+        if self._first_gone is not None:
+            return self._first_gone
+        # The launcher itself died (killed) before any rank: no rank is to blame.
+        return RankFailure(0, self.ranks.get(0), record.exit_code, record.signal)
+
+    def _kill_launch(self, launcher_pid: int) -> None:
+        """SIGKILL the launcher's group and every rank's (each in a session of its own)."""
+        kill_group(launcher_pid)
+        for pid in list(self.ranks.values()):
+            kill_group(pid)
+
+    def _end_ranks(self) -> list[int]:
+        """Make sure no rank of the ended launch is left; return those that were.
+
+        Ranks the launcher did not end (it was killed, or it gave up on a rank that ignores
+        SIGTERM) are killed with their process groups. Orphans come to this process (a child
+        subreaper) and are reaped here; the wait is bounded, a rank in uninterruptible I/O
+        may outlive it (the agent sees its memory held).
+        """
+        left = [pid for pid in self.ranks.values() if not launcher.ended(pid)[0]]
+        left += [pid for pid in launcher.children(os.getpid()) if pid not in left]
+        for pid in left:
+            kill_group(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + RANKS_GONE_WAIT_S
+        while time.monotonic() < deadline:
+            reap_orphans()
+            if all(launcher.ended(pid)[0] for pid in left):
+                break
+            time.sleep(POLL_S / 2)
+        return left
 
     def _answer_kill_request(self, pid: int) -> None:
         """Dump and kill the running child when the agent asks for it (module docstring)."""
         request = read_json(self.kill_request_file)
-        if request is None or request.get("pid") != pid:
+        if request is None or request.get("pid") not in (pid, *self.ranks.values()):
             return
+        named = request["pid"]
         requested_at = request.get("requested_at")
         if requested_at == self._answered:
             return
         self._answered = requested_at if isinstance(requested_at, float | int) else None
-        stacks = self.stacks_file(pid) if self.stacks_file is not None else None
+        stacks = self.stacks_file(named) if self.stacks_file is not None else None
         before = _size(stacks)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGUSR1)
-            os.kill(pid, signal.SIGCONT)  # a stopped process handles the signal once resumed
+        # Every rank dumps its stacks (a hang in a collective shows on all of them); the
+        # launcher has no harness and is not signalled.
+        for target in self.ranks.values() if self.procs_per_node > 1 else (pid,):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(target, signal.SIGUSR1)
+                os.kill(target, signal.SIGCONT)  # a stopped process handles it once resumed
         deadline = time.monotonic() + STACK_WAIT_S
         while stacks is not None and time.monotonic() < deadline and _size(stacks) <= before:
             time.sleep(POLL_S)
         if stacks is not None and _size(stacks) > before:
             time.sleep(0.2)  # let the handler finish writing
-        kill_group(pid)
+        self._kill_launch(pid)
         self.state.last_kill = {
-            "pid": pid,
+            "pid": named,
             "requested_at": requested_at,
             "killed_at": time.time(),
             "dumped": _size(stacks) > before,
@@ -305,7 +457,10 @@ class Supervisor:
         """Supervise until completion, termination or giving up; return the exit status."""
         for sig in FORWARDED_SIGNALS:
             signal.signal(sig, self._on_signal)
+        if self.procs_per_node > 1:
+            become_subreaper()
         while True:
+            self._first_gone, self._gone_seen = None, False
             returncode = self._run_once()
             if self.terminating is not None:
                 self._set(STATE_TERMINATED, child_pid=None)
@@ -365,9 +520,9 @@ def recovery_defaults(environ: dict[str, str]) -> tuple[int, float, float, float
 def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argparse.Namespace:
     """The command line: options, `--`, then the command (defaults from `TRAINGUARD_RECOVERY`)."""
     try:
-        max_restarts, backoff, backoff_max, backoff_reset = recovery_defaults(
-            dict(os.environ) if environ is None else environ
-        )
+        environ = dict(os.environ) if environ is None else environ
+        max_restarts, backoff, backoff_max, backoff_reset = recovery_defaults(environ)
+        procs = PodEnv.from_env(environ).procs_per_node
     except ContractError as err:  # it names the variable and its value
         print(f"trainguard supervise: {err}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from err
@@ -407,6 +562,12 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argpar
         help=f"where to publish GPU readings each second (default: {env.GPU_FILE}, "
         f"else {GPU_FILENAME} in the state dir)",
     )
+    parser.add_argument(
+        "--procs-per-node",
+        type=int,
+        default=procs,
+        help=f"ranks in this pod, started through torchrun if more than one ({env.PROCS_PER_NODE})",
+    )
     parser.add_argument("--no-gpu", action="store_true", help="do not publish GPU readings")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -416,6 +577,8 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argpar
         parser.error("no command given (put it after --)")
     if min(args.max_restarts, args.backoff, args.backoff_max, args.backoff_reset) < 0:
         parser.error("--max-restarts, --backoff, --backoff-max and --backoff-reset must be >= 0")
+    if args.procs_per_node < 1:
+        parser.error("--procs-per-node must be at least 1")
     return args
 
 
@@ -438,11 +601,12 @@ def main(argv: list[str]) -> int:
         l1_dir=settings.l1_dir,
         grace_period=args.grace_period,
         stacks_file=settings.stacks_file,
+        procs_per_node=args.procs_per_node,
     )
     publisher = None
     if not args.no_gpu:
         gpu_file = args.gpu_file or PodEnv.from_env(os.environ).gpu
-        publisher = GpuPublisher(gpu_file, supervisor.child_alive)
+        publisher = GpuPublisher(gpu_file, supervisor.child_alive, live_count=supervisor.live_ranks)
         publisher.start()
     try:
         return supervisor.run()

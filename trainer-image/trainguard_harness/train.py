@@ -8,6 +8,11 @@ seconds, logs tokens/s, writes the heartbeat, and on SIGTERM saves and exits wit
 `--loss-log FILE` it appends one JSON line per step (`{"step": s, "loss": l}`), which is how the
 tests compare a resumed run with an uninterrupted one.
 
+Under torchrun (several ranks in a pod, `spec.trainer.procsPerNode`) it trains data-parallel
+(DDP: gloo on CPU, nccl on GPUs, rank r on GPU `LOCAL_RANK`): each rank reads its own part of
+every batch, rank 0 alone saves and writes `--loss-log` (the mean of the ranks' losses), and
+every rank resumes from the step rank 0 chose (`trainguard_harness.ranks`).
+
 `--min-step-seconds S` makes every step last at least S seconds (the loop waits out the rest).
 On a CPU the tiny model steps in milliseconds, far faster than any accelerator step, so a
 background save would span several steps; with a floor such as 0.1 s the ratio of save time to
@@ -32,6 +37,7 @@ import torch
 
 from trainguard.contract.files import share_with_pod
 from trainguard_harness.model import GPT, PRESETS
+from trainguard_harness.ranks import Ranks, reduce_step
 from trainguard_harness.session import TrainingSession
 from trainguard_harness.settings import HarnessSettings, OnSaveError
 from trainguard_harness.shards import TokenStream
@@ -109,8 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.threads:
         torch.set_num_threads(args.threads)
+    ranks = Ranks.from_env()
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if use_cuda else "cpu")
+    device = torch.device("cuda", ranks.local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if ranks.distributed:
+        # MASTER_ADDR/MASTER_PORT, RANK and WORLD_SIZE come from the launcher (env://).
+        torch.distributed.init_process_group(backend="nccl" if use_cuda else "gloo")
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     overrides = {
@@ -120,13 +132,27 @@ def main(argv: list[str] | None = None) -> int:
     }
     config = dataclasses.replace(PRESETS[args.preset], **overrides)
     model = GPT(config).to(device)
+    # The checkpoint holds the plain model, so it resumes with any number of ranks.
+    forward: torch.nn.Module = model
+    if ranks.distributed:
+        forward = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[ranks.local_rank] if use_cuda else None
+        )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, args.warmup_steps, args.steps)
     )
-    data = TokenStream(settings.data_dir, args.batch_size, config.block_size)
+    data = TokenStream(
+        settings.data_dir,
+        args.batch_size,
+        config.block_size,
+        rank=ranks.rank,
+        world_size=ranks.world_size,
+    )
     session = TrainingSession(
-        {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": data}, settings
+        {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": data},
+        settings,
+        ranks=ranks,
     )
     start = session.resume()
     LOG.info(
@@ -137,23 +163,26 @@ def main(argv: list[str] | None = None) -> int:
         start + 1,
         args.steps,
     )
-    loss_log = args.loss_log.open("a") if args.loss_log else None
+    loss_log = args.loss_log.open("a") if args.loss_log and ranks.saves else None
     tokens_per_step = args.batch_size * config.block_size
     window_start, window_steps = time.perf_counter(), 0
     step = start
+    stop = False
     try:
-        while step < args.steps and not session.stop_requested:
+        # One process stops once asked; several ranks at the step they agreed on.
+        while step < args.steps and not (stop if ranks.distributed else session.stop_requested):
             step += 1
             step_started = time.perf_counter()
             inputs, targets = (t.to(device, non_blocking=True) for t in data.next_batch())
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_cuda):
-                loss = model(inputs, targets)
+                loss = forward(inputs, targets)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            loss_value = loss.item()
+            # Every rank stops at the same step: a SIGTERM may reach them steps apart.
+            loss_value, stop = reduce_step(loss.item(), session.stop_requested)
             if loss_log is not None:
                 loss_log.write(json.dumps({"step": step, "loss": loss_value}) + "\n")
                 loss_log.flush()
@@ -175,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         if loss_log is not None:
             loss_log.close()
     session.close(step)
-    if session.stop_requested:
+    if ranks.distributed:
+        torch.distributed.destroy_process_group()
+    if stop or session.stop_requested:
         LOG.warning("stopped at step %d by SIGTERM after saving", step)
         return EXIT_TERMINATED
     return 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -169,7 +170,10 @@ class Agent:
         # The API's own model: the same defaults and bounds as the CRD.
         monitor = self.pod.monitor
         self.interval = float(monitor.interval_seconds)
-        self.thresholds = Thresholds.from_monitor(monitor)
+        # Each rank of the pod is a trainer process of the same command line.
+        self.thresholds = dataclasses.replace(
+            Thresholds.from_monitor(monitor), expected_processes=self.pod.procs_per_node
+        )
         self.lease_duration = int(monitor.lease_duration_seconds)
         self.flush_timeout = self.pod.flush_timeout_seconds
         marker = f"{env.L1_DIR}={self.pod.l1_dir}".encode()
@@ -182,6 +186,7 @@ class Agent:
             gpu_stale_s=max(5.0, 5 * self.interval),
             released_mib=self.thresholds.released_mib,
             supervisor_file=self.pod.supervisor_file,
+            rank_heartbeats=self.pod.rank_heartbeats,
         )
         self.verdict: Verdict | None = None
         self.killed_pid: int | None = None  # a hung trainer whose kill is confirmed

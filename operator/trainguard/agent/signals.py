@@ -17,6 +17,13 @@ instead: its `Dead` lasts through the successor's start-up (imports, restore), n
 through the supervisor's back-off, so an operator that is away for a few seconds (it counts
 deaths from the verdicts on the Lease) still finds it.
 
+A pod of several ranks (`rank_heartbeats` set): the supervisor publishes the ranks' PIDs and
+its record of the first failed rank (`supervisor.json`), and each rank writes its own heartbeat
+(`heartbeat-<local rank>.json`). Each rank is watched from the moment its PID is published: its
+presence, and its step from its own heartbeat (`RankSignals`). The main trainer watched is the
+writer of `heartbeat.json`, local rank 0, as in a one-rank pod; the framework memory of every
+rank counts on its own GPU.
+
 Each collector reads one source and keeps just enough memory across calls to turn states into
 durations (how long the step has been frozen, how long ago the process died, how long it has
 been in uninterruptible I/O). Times are monotonic seconds from the caller, so the collectors
@@ -26,15 +33,22 @@ are testable with a fake clock.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainguard import gpu
-from trainguard.agent.verdicts import GpuSignals, Signals
+from trainguard.agent.verdicts import GpuSignals, RankSignals, Signals
 from trainguard.ckpt import MANIFEST_FILENAME, parse_step_dirname
-from trainguard.contract.files import read_json, read_supervised_child
+from trainguard.contract.files import (
+    RankFailure,
+    read_json,
+    read_rank_failure,
+    read_rank_pids,
+    read_supervised_child,
+)
 from trainguard.contract.findings import HEARTBEAT_FIELD, Finding, read_findings
 
 # /proc states of a process that is gone: no entry, or a zombie waiting to be reaped.
@@ -47,6 +61,10 @@ MEMORY_BY_DEVICE = "memory_by_device"
 DEVICE = "device"
 DEVICE_UUID = "uuid"
 DEVICE_RESERVED = "reserved_bytes"
+# Several ranks seen gone at one look: the launcher ends the others once one dies, so which
+# one failed first is the supervisor's record, written a moment after the last one ended.
+RANK_RECORD_WAIT_S = 2.0
+RANK_RECORD_POLL_S = 0.05
 # NVML names a GPU `GPU-<uuid>` (a MIG instance `MIG-<uuid>`); CUDA, as the harness reports it,
 # by the UUID alone.
 UUID_PREFIXES = ("GPU-", "MIG-")
@@ -185,6 +203,22 @@ def framework_total(beat: Heartbeat | None) -> float | None:
     return sum(device.reserved_mib for device in beat.devices)
 
 
+def frameworks_total(beats: Sequence[Heartbeat]) -> float | None:
+    """The framework's reserved MiB of several processes (ranks); None when none says."""
+    figures = [figure for beat in beats if (figure := framework_total(beat)) is not None]
+    return sum(figures) if figures else None
+
+
+@dataclass
+class RankWatch:
+    """What the collector remembers of one rank between observations."""
+
+    pid: int
+    step_changed_at: float  # when its step last changed (or it was first seen)
+    step: int | None = None
+    beat: Heartbeat | None = None  # its latest heartbeat (its own process's)
+
+
 def read_heartbeat(path: Path) -> Heartbeat | None:
     """The current heartbeat, or None when absent or unreadable (mid-replace is atomic)."""
     record = read_json(path)
@@ -299,6 +333,11 @@ class Collector:
     # heartbeat and for scripts that never write one.
     supervisor_file: Path | None = None
     proc: Path = Path("/proc")
+    # Every rank's heartbeat, in local rank order, in a pod of several ranks; () for one.
+    rank_heartbeats: tuple[Path, ...] = ()
+    # How long to wait for the supervisor's record of the first failed rank when several ranks
+    # are seen gone at one look (`_ranks`).
+    record_wait_s: float = RANK_RECORD_WAIT_S
 
     def __post_init__(self) -> None:
         self.pid: int | None = None  # the trainer watched
@@ -316,6 +355,9 @@ class Collector:
         self.findings: tuple[Finding, ...] = ()
         self.last_gpu: gpu.GpuSnapshot | None = None
         self.gpu_fresh = False
+        self.ranks: dict[int, RankWatch] = {}  # by local rank, kept through a restart's gap
+        self.rank_failure: RankFailure | None = None
+        self.rank_record_awaited: set[int] = set()  # the ranks whose failure record was awaited
 
     def collect(self, now: float, wall_now: float) -> Signals:
         """Observe every source once."""
@@ -352,6 +394,13 @@ class Collector:
         )
         fresh = snapshot if self.gpu_fresh else None
         held_s, left = self._held_since_death(now, running, fresh)
+        ranks = self._ranks(now)
+        # The framework memory of every live rank, each on its GPU; else the main trainer's.
+        if ranks:
+            live = {r.pid for r in ranks if r.alive}
+            beats = [w.beat for w in self.ranks.values() if w.beat is not None and w.pid in live]
+        else:
+            beats = [beat] if beat else []
         return Signals(
             trainer_seen=self.pid is not None,
             heartbeat=beat is not None,
@@ -366,7 +415,7 @@ class Collector:
             else now - self.step_changed_at,
             phase=beat.phase if beat else None,
             tokens_per_s=beat.tokens_per_s if beat and alive else None,
-            framework_reserved_mib=framework_total(beat),
+            framework_reserved_mib=frameworks_total(beats) if ranks else framework_total(beat),
             gpu_used_mib=fresh.used_mib if fresh else None,
             gpu_processes=fresh.distinct_processes if fresh else None,
             gpu_unattributed_mib=fresh.unattributed_mib if fresh else None,
@@ -374,8 +423,70 @@ class Collector:
             seconds_since_start=now - self.pid_seen_at if self.pid is not None else 0.0,
             seconds_held_since_death=held_s,
             memory_left_mib=None if held_s is None else sum(left.values()),
-            gpus=gpu_signals(fresh, [beat] if beat else [], left) if fresh else (),
+            gpus=gpu_signals(fresh, beats, left) if fresh else (),
+            ranks=ranks,
+            rank_failure=self.rank_failure if ranks else None,
         )
+
+    def _ranks(self, now: float) -> tuple[RankSignals, ...]:
+        """Each rank's presence and step (module docstring); () in a one-rank pod.
+
+        A rank is watched from its PID's publication until the supervisor publishes another
+        PID for that rank: a dead rank stays dead through the restart's back-off.
+        """
+        if not self.rank_heartbeats or self.supervisor_file is None:
+            return ()
+        for rank, pid in read_rank_pids(self.supervisor_file).items():
+            watch = self.ranks.get(rank)
+            if watch is None or watch.pid != pid:
+                self.ranks[rank] = RankWatch(pid, step_changed_at=now)
+        self.rank_failure = self._rank_failure()
+        signals = []
+        for rank, watch in sorted(self.ranks.items()):
+            beat = (
+                read_heartbeat(self.rank_heartbeats[rank])
+                if rank < len(self.rank_heartbeats)
+                else None
+            )
+            if beat is not None and beat.pid == watch.pid:
+                watch.beat = beat
+                if beat.step != watch.step or beat.phase in PROGRESS_PHASES:
+                    watch.step, watch.step_changed_at = beat.step, now
+            signals.append(
+                RankSignals(
+                    rank=rank,
+                    pid=watch.pid,
+                    alive=proc_state(watch.pid, self.proc) not in GONE,
+                    step=watch.step,
+                    seconds_since_step_advanced=now - watch.step_changed_at,
+                )
+            )
+        return tuple(signals)
+
+    def _rank_failure(self) -> RankFailure | None:
+        """The supervisor's record of the first failed rank.
+
+        When several ranks of the launch watched are gone and the record does not name one of
+        them yet, wait (a bounded moment) for it, so that a death's first verdict names the
+        rank that failed, not every rank the launcher ended after it.
+        """
+        assert self.supervisor_file is not None
+        failure = read_rank_failure(self.supervisor_file)
+        watched = {watch.pid for watch in self.ranks.values()}
+        gone = [pid for pid in watched if proc_state(pid, self.proc) in GONE]
+        if watched == self.rank_record_awaited:
+            return failure  # waited once for this launch's record already
+        if len(gone) > 1:
+            self.rank_record_awaited = watched
+        deadline = time.monotonic() + self.record_wait_s
+        while (
+            len(gone) > 1
+            and (failure is None or failure.pid not in watched)
+            and time.monotonic() < deadline
+        ):
+            time.sleep(RANK_RECORD_POLL_S)
+            failure = read_rank_failure(self.supervisor_file)
+        return failure
 
     def _follow(self, beat: Heartbeat | None, child: int | None, now: float) -> None:
         """Switch to a new trainer: the supervisor's process `child`, or a new heartbeat's writer.

@@ -11,6 +11,12 @@ harness heartbeat's step for `Hung` and `Slow`. A trainer without the heartbeat 
 that does not use the harness) is judged by presence and memory only, and is `Healthy` while
 it runs (`Slow` while it is stopped): it has no step that could freeze.
 
+Ranks: a pod of several ranks (torchrun) is judged rank by rank as well. A rank whose process
+is gone is `Dead`, and the evidence names the rank and its PID (the supervisor's record of the
+first failed rank, with its exit code or signal, where it has one); a rank whose step is frozen
+while the hang bound passes is `Hung`, naming the frozen ranks (one frozen rank stalls the
+others in their next collective, so usually all are named, the culprit among them).
+
 Memory is judged per GPU: on each of the pod's GPUs, what the driver reports used against
 what the live trainer processes on it account for (their memory as the driver attributes it,
 the framework's reserved memory on that device), and the compute processes on it (each GPU is
@@ -35,6 +41,7 @@ from trainguard.api.spec import (
     DEFAULT_STARTUP_GRACE_SECONDS,
     Monitor,
 )
+from trainguard.contract.files import RankFailure
 
 HEALTHY = constants.Verdict.HEALTHY.value
 SLOW = constants.Verdict.SLOW.value
@@ -101,6 +108,17 @@ class GpuSignals:
 
 
 @dataclass(frozen=True)
+class RankSignals:
+    """One rank of a multi-rank pod at one moment: its process and its heartbeat's step."""
+
+    rank: int  # the local rank
+    pid: int
+    alive: bool
+    step: int | None = None
+    seconds_since_step_advanced: float = 0.0
+
+
+@dataclass(frozen=True)
 class Signals:
     """What the agent observed at one moment (times in seconds).
 
@@ -137,6 +155,10 @@ class Signals:
     seconds_held_since_death: float | None = None
     memory_left_mib: float | None = None
     gpus: tuple[GpuSignals, ...] = ()
+    # The ranks of a multi-rank pod (none for one process), and the first failed rank of the
+    # last launch as the supervisor recorded it.
+    ranks: tuple[RankSignals, ...] = ()
+    rank_failure: RankFailure | None = None
 
     def per_gpu(self) -> tuple[GpuSignals, ...]:
         """The GPUs to judge one by one: `gpus`, else the totals as one GPU."""
@@ -215,6 +237,37 @@ def _gpu_memory(s: Signals, t: Thresholds, evidence: dict[str, str]) -> Verdict 
     return None
 
 
+def _ranks_text(ranks: list[RankSignals]) -> str:
+    return ", ".join(f"{r.rank} (pid {r.pid})" for r in ranks)
+
+
+def _rank_death(s: Signals, evidence: dict[str, str]) -> Verdict:
+    """Dead, naming the failed rank: the supervisor's record, else the ranks seen gone."""
+    gone = [r for r in s.ranks if not r.alive]
+    failure = s.rank_failure
+    watched = {r.pid for r in s.ranks}
+    if failure is not None and (failure.pid in watched or not gone):
+        named = {**evidence, "rank": str(failure.rank), "rank_pid": _fmt(failure.pid)}
+        if failure.signal is not None:
+            named["rank_signal"] = failure.signal
+        elif failure.exit_code is not None:
+            named["rank_exit"] = str(failure.exit_code)
+        return Verdict(
+            DEAD,
+            f"rank {failure.rank} (pid {_fmt(failure.pid)}) {failure.how()}: all ranks restart",
+            named,
+        )
+    if not gone:
+        return Verdict(DEAD, "trainer process absent", evidence)
+    named = {
+        **evidence,
+        "rank": ",".join(str(r.rank) for r in gone),
+        "rank_pid": ",".join(str(r.pid) for r in gone),
+    }
+    plural = "s" if len(gone) > 1 else ""
+    return Verdict(DEAD, f"rank{plural} {_ranks_text(gone)} absent: all ranks restart", named)
+
+
 def classify(s: Signals, t: Thresholds) -> Verdict:
     """Classify the signals into one verdict."""
     evidence = {
@@ -248,6 +301,10 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
             "the trainer died, by no live trainer: memory not released after death",
             {**_naming(evidence, held), EVIDENCE_CAUSE: NOT_RELEASED},
         )
+    if s.ranks:
+        evidence["ranks"] = _fmt(len(s.ranks))
+        if not s.process_alive or any(not r.alive for r in s.ranks):
+            return _rank_death(s, evidence)
     if not s.process_alive or s.process_state == "Z":
         return Verdict(DEAD, "trainer process absent", evidence)
 
@@ -300,6 +357,22 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
             _naming(evidence, dropped),
         )
 
+    hung = [
+        r for r in s.ranks if r.step is not None and r.seconds_since_step_advanced >= t.hang_after_s
+    ]
+    if hung:
+        frozen_s = max(r.seconds_since_step_advanced for r in hung)
+        plural = "s" if len(hung) > 1 else ""
+        return Verdict(
+            HUNG,
+            f"step of rank{plural} {_ranks_text(hung)} frozen for {frozen_s:.0f}s "
+            f"(bound {t.hang_after_s:.0f}s)",
+            {
+                **evidence,
+                "rank": ",".join(str(r.rank) for r in hung),
+                "rank_pid": ",".join(str(r.pid) for r in hung),
+            },
+        )
     if frozen or s.process_state == "T":
         if s.process_state == "T" and not frozen:
             # Stopped by a signal: not hung yet, but it cannot advance either.

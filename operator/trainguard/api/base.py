@@ -140,12 +140,17 @@ class ObjectRule:
 
     `field` is the camelCase path (dots for nesting) of the field the rule blames: the
     apiserver reports it through the rule's `fieldPath`, pydantic as the error location.
+    A message that names the offending values is given twice, alike: `message_expression`
+    (CEL, for the apiserver) and `describe` (for pydantic); `message` stays the apiserver's
+    fallback when the expression cannot be evaluated.
     """
 
     cel: str
     message: str
     check: Callable[[Any], bool]
     field: str | None = None
+    message_expression: str | None = None
+    describe: Callable[[Any], str] | None = None
 
     @property
     def loc(self) -> tuple[str, ...]:
@@ -155,9 +160,15 @@ class ObjectRule:
     def as_cel(self) -> dict[str, str]:
         """The rule as an entry of `x-kubernetes-validations`."""
         rule = {"rule": self.cel, "message": self.message}
+        if self.message_expression:
+            rule["messageExpression"] = self.message_expression
         if self.field:
             rule["fieldPath"] = f".{self.field}"
         return rule
+
+    def failure(self, model: Any) -> str:
+        """The message of this rule's failure on `model` (what the apiserver would say)."""
+        return self.describe(model) if self.describe is not None else self.message
 
 
 def _object_rules_schema(schema: dict[str, Any], model: type[Any]) -> None:
@@ -203,7 +214,7 @@ class KubeModel(BaseModel):
             raise ValidationError.from_exception_data(
                 type(self).__name__,
                 [
-                    InitErrorDetails(type=_rule_error(rule.message), loc=rule.loc, input=self)
+                    InitErrorDetails(type=_rule_error(rule.failure(self)), loc=rule.loc, input=self)
                     for rule in failed
                 ],
             )

@@ -64,6 +64,9 @@ DEFAULT_BACKOFF_MAX_SECONDS = 300
 DEFAULT_BACKOFF_RESET_AFTER_SECONDS = 600
 DEFAULT_SAME_STEP_WINDOW = 10
 DEFAULT_GPUS = 1
+# Pods per attempt: one until multi-node gangs are supported.
+DEFAULT_NODES = 1
+MAX_NODES = 1
 
 # Bounds: lists and strings need them so the apiserver can price the CEL rules.
 MAX_ARGS = 256
@@ -76,6 +79,7 @@ MAX_TOLERATIONS = 32
 MAX_NODE_SELECTOR = 32
 MAX_KEEP = 1000
 MAX_GPUS = 64
+MAX_PROCS_PER_NODE = 256
 MAX_SECONDS = 7 * 24 * 3600
 MAX_STEPS = 10**9
 MAX_RESTARTS = 10000
@@ -130,7 +134,46 @@ class Resources(KubeModel):
 
 
 class Trainer(KubeModel):
-    """The training container. trainguard runs `command` under its supervisor."""
+    """The training container. trainguard runs `command` under its supervisor.
+
+    With more than one rank per pod (`procsPerNode`, by default the GPU count), the supervisor
+    starts the command once per rank through PyTorch's elastic launcher (torchrun), with the
+    standard RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT, and restarts all ranks
+    together when any of them dies.
+    """
+
+    object_rules = (
+        ObjectRule(
+            cel=f"self.nodes <= {MAX_NODES}",
+            message=(
+                "multi-node gangs are not supported yet: nodes must be 1 (use procsPerNode for "
+                "several ranks in one pod)"
+            ),
+            check=lambda s: s.nodes <= MAX_NODES,
+            field="nodes",
+        ),
+        ObjectRule(
+            cel=(
+                "!has(self.procsPerNode) || self.resources.gpus == 0 || "
+                "self.procsPerNode <= self.resources.gpus"
+            ),
+            message="procsPerNode exceeds the GPU count (resources.gpus): one rank per GPU at most",
+            message_expression=(
+                "'procsPerNode %d exceeds the GPU count %d (resources.gpus): one rank per GPU "
+                "at most'.format([self.procsPerNode, self.resources.gpus])"
+            ),
+            describe=lambda s: (
+                f"procsPerNode {s.procs_per_node} exceeds the GPU count {s.resources.gpus} "
+                "(resources.gpus): one rank per GPU at most"
+            ),
+            check=lambda s: (
+                s.procs_per_node is None
+                or s.resources.gpus == 0
+                or s.procs_per_node <= s.resources.gpus
+            ),
+            field="procsPerNode",
+        ),
+    )
 
     image: str = Field(
         min_length=1, max_length=MAX_IMAGE_LENGTH, description="Container image of the trainer."
@@ -160,6 +203,32 @@ class Trainer(KubeModel):
         default=None, description="Working directory (absolute); the image's when omitted."
     )
     resources: Resources = _sub(Resources, "GPUs, CPU and memory of the trainer.")
+    nodes: int = Field(
+        default=DEFAULT_NODES,
+        ge=1,
+        description=(
+            "Pods per attempt (members of the gang). Only 1 is supported for now: several ranks "
+            "run in one pod (procsPerNode)."
+        ),
+    )
+    procs_per_node: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_PROCS_PER_NODE,
+        description=(
+            "Ranks per pod, started by PyTorch's elastic launcher (torchrun) under the "
+            "supervisor. Omitted: the GPU count (resources.gpus), or 1 for a CPU-only run; at "
+            "most the GPU count when GPUs are requested. Set 1 when the command starts its "
+            "own ranks."
+        ),
+    )
+
+    @property
+    def ranks_per_node(self) -> int:
+        """The ranks each pod runs: `procsPerNode`, else one per GPU, else one."""
+        if self.procs_per_node is not None:
+            return self.procs_per_node
+        return max(1, self.resources.gpus)
 
 
 class Model(KubeModel):

@@ -22,6 +22,7 @@ built from an empty spec see the same values.
 | TRAINGUARD_HEARTBEAT_FILE | heartbeat_file | heartbeat JSON written by the harness |
 | TRAINGUARD_GPU_FILE | gpu_file | GPU readings published by the supervisor |
 | TRAINGUARD_LOG_FILE | log_file | the trainer's output file (log age is a slowness signal only) |
+| TRAINGUARD_PROCS_PER_NODE | procs_per_node | ranks per pod (started by torchrun when > 1) |
 | TRAINGUARD_KEEP_LAST | keep_last | L1 keep-last-N |
 | TRAINGUARD_CKPT_EVERY_STEPS | every_steps | checkpoint cadence in steps (0: off) |
 | TRAINGUARD_CKPT_EVERY_SECONDS | every_seconds | checkpoint cadence in seconds (0: off) |
@@ -67,6 +68,8 @@ from trainguard.contract.files import (
     GPU_FILENAME,
     HEARTBEAT_FILENAME,
     KILL_REQUEST_FILENAME,
+    LAUNCH_RESULT_FILENAME,
+    RANK_HEARTBEAT_FILENAME_PATTERN,
     STACKS_FILENAME_PATTERN,
     SUPERVISOR_FILENAME,
 )
@@ -85,6 +88,7 @@ STATE_DIR = "TRAINGUARD_STATE_DIR"
 HEARTBEAT_FILE = "TRAINGUARD_HEARTBEAT_FILE"
 GPU_FILE = "TRAINGUARD_GPU_FILE"
 LOG_FILE = "TRAINGUARD_LOG_FILE"
+PROCS_PER_NODE = "TRAINGUARD_PROCS_PER_NODE"
 KEEP_LAST = "TRAINGUARD_KEEP_LAST"
 CKPT_EVERY_STEPS = "TRAINGUARD_CKPT_EVERY_STEPS"
 CKPT_EVERY_SECONDS = "TRAINGUARD_CKPT_EVERY_SECONDS"
@@ -173,6 +177,8 @@ class PodEnv(BaseModel):
     heartbeat_file: Path | None = None
     gpu_file: Path | None = None
     log_file: Path | None = None
+    # Ranks per pod: the API's `spec.trainer.procsPerNode`, resolved (one per GPU when omitted).
+    procs_per_node: int = Field(default=1, ge=1)
     keep_last: int = Field(default=DEFAULT_KEEP_LAST, ge=1)
     every_steps: int = Field(default=DEFAULT_EVERY_STEPS, ge=0)
     every_seconds: float = Field(default=0.0, ge=0)
@@ -207,6 +213,22 @@ class PodEnv(BaseModel):
     def gpu(self) -> Path:
         """The GPU readings file."""
         return self.gpu_file or self.state_dir / GPU_FILENAME
+
+    def rank_heartbeat(self, local_rank: int) -> Path:
+        """The heartbeat of one rank of a multi-rank pod: next to the heartbeat."""
+        return self.heartbeat.parent / RANK_HEARTBEAT_FILENAME_PATTERN.format(rank=local_rank)
+
+    @property
+    def rank_heartbeats(self) -> tuple[Path, ...]:
+        """Every rank's heartbeat (none in a one-rank pod, which writes `heartbeat` only)."""
+        if self.procs_per_node == 1:
+            return ()
+        return tuple(self.rank_heartbeat(rank) for rank in range(self.procs_per_node))
+
+    @property
+    def launch_result_file(self) -> Path:
+        """Where the rank launcher leaves its account of a launch for the supervisor."""
+        return self.heartbeat.parent / LAUNCH_RESULT_FILENAME
 
     @property
     def supervisor_file(self) -> Path:
@@ -330,6 +352,7 @@ _FIELDS: tuple[tuple[str, str, Callable[[str], Any], Callable[[Any], str]], ...]
     ("heartbeat_file", HEARTBEAT_FILE, Path, str),
     ("gpu_file", GPU_FILE, Path, str),
     ("log_file", LOG_FILE, Path, str),
+    ("procs_per_node", PROCS_PER_NODE, int, str),
     ("keep_last", KEEP_LAST, int, str),
     ("every_steps", CKPT_EVERY_STEPS, int, str),
     ("every_seconds", CKPT_EVERY_SECONDS, float, _number),

@@ -6,13 +6,22 @@ of the pod. What each file is, who writes it and who reads it:
 | file | written by | read by |
 |---|---|---|
 | `heartbeat.json` | the harness (`trainguard_harness.heartbeat`) | the agent (`agent.signals`) |
+| `heartbeat-<local rank>.json` | each rank of a multi-rank pod | the agent (`agent.signals`) |
 | `gpu.json` | the supervisor (`trainguard.gpu.publish`) | the agent (`gpu.read_published`) |
 | `supervisor.json` (next to the heartbeat) | the supervisor | the agent (`read_supervised_child`) |
 | `kill-request.json` (next to the heartbeat) | the agent, for a hung trainer | the supervisor |
+| `launch.json` (next to the heartbeat) | the rank launcher, when a rank failed | the supervisor |
 | `stacks-<pid>.txt` | the harness, on SIGUSR1 (faulthandler) | the agent, for the hang Event |
 | `preflight.json` | `trainguard preflight` | the agent (`trainguard.contract.reports`) |
 | `staging.json` | `trainguard stage-data` | the agent (`trainguard.contract.reports`) |
 | `restore.json` | `trainguard restore` | the agent (`read_restore_report`) |
+
+In a pod of several ranks (`PodEnv.procs_per_node` > 1) every rank writes its own heartbeat,
+`heartbeat-<local rank>.json`, and local rank 0 also writes `heartbeat.json`, so a reader of the
+one heartbeat (an older agent, `trainguard status`, a script) keeps working. The supervisor
+publishes the ranks' PIDs (`rank_pids`, the worker processes, not the launcher) and the first
+rank failure of the last launch (`rank_failure`) in `supervisor.json`; `read_rank_pids` and
+`read_rank_failure` are their readers. In a one-rank pod `rank_pids` is `{"0": child_pid}`.
 
 The heartbeat also carries the invalid checkpoints the harness found, and `restore.json` those
 the restore step found (`trainguard.contract.findings`).
@@ -38,6 +47,8 @@ HEARTBEAT_FILENAME = "heartbeat.json"
 GPU_FILENAME = "gpu.json"
 SUPERVISOR_FILENAME = "supervisor.json"
 KILL_REQUEST_FILENAME = "kill-request.json"
+RANK_HEARTBEAT_FILENAME_PATTERN = "heartbeat-{rank}.json"
+LAUNCH_RESULT_FILENAME = "launch.json"
 STACKS_FILENAME_PATTERN = "stacks-{pid}.txt"
 PREFLIGHT_FILENAME = "preflight.json"
 STAGING_FILENAME = "staging.json"
@@ -47,6 +58,14 @@ RESTORE_FILENAME = "restore.json"
 SUPERVISOR_STATE = "state"
 SUPERVISOR_RUNNING = "running"
 SUPERVISOR_CHILD_PID = "child_pid"
+# The ranks the supervisor runs now, local rank (a string, as JSON keys are) -> PID; and the
+# first rank failure of the current or last launch (`RankFailure`, its fields below).
+SUPERVISOR_RANK_PIDS = "rank_pids"
+SUPERVISOR_RANK_FAILURE = "rank_failure"
+RANK_FAILURE_RANK = "rank"
+RANK_FAILURE_PID = "pid"
+RANK_FAILURE_EXIT_CODE = "exit_code"
+RANK_FAILURE_SIGNAL = "signal"
 # The trainer's output, in the logs volume (not the state volume): `PodEnv.log_file`.
 LOG_FILENAME = "trainer.log"
 STATE_FILENAMES = (
@@ -54,6 +73,7 @@ STATE_FILENAMES = (
     GPU_FILENAME,
     SUPERVISOR_FILENAME,
     KILL_REQUEST_FILENAME,
+    LAUNCH_RESULT_FILENAME,
     PREFLIGHT_FILENAME,
     STAGING_FILENAME,
     RESTORE_FILENAME,
@@ -119,6 +139,78 @@ def read_supervised_child(path: Path) -> int | None:
         return None
     child = data.get(SUPERVISOR_CHILD_PID)
     return child if isinstance(child, int) else None
+
+
+def read_rank_pids(path: Path) -> dict[int, int]:
+    """The ranks the supervisor runs now (`supervisor.json`): local rank -> PID; {} for none.
+
+    Empty while it runs none (between a death and the restart, before the launcher has started
+    them) and where no supervisor writes the file.
+    """
+    data = read_json(path)
+    if data is None or data.get(SUPERVISOR_STATE) != SUPERVISOR_RUNNING:
+        return {}
+    pids = data.get(SUPERVISOR_RANK_PIDS)
+    if not isinstance(pids, dict):
+        return {}
+    ranks: dict[int, int] = {}
+    for rank, pid in pids.items():
+        if isinstance(rank, str) and rank.isdigit() and isinstance(pid, int) and pid > 0:
+            ranks[int(rank)] = pid
+    return ranks
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """The first rank that failed in a launch: its local rank, PID and how it ended.
+
+    `exit_code` for an exit, `signal` (its name, e.g. SIGKILL) for a death by a signal; both
+    None when only the absence was seen.
+    """
+
+    rank: int
+    pid: int | None
+    exit_code: int | None = None
+    signal: str | None = None
+
+    def how(self) -> str:
+        """How it ended, in words."""
+        if self.signal is not None:
+            return f"killed by {self.signal}"
+        if self.exit_code is not None:
+            return f"exited with {self.exit_code}"
+        return "gone"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (`supervisor.json`'s `rank_failure`)."""
+        return {
+            RANK_FAILURE_RANK: self.rank,
+            RANK_FAILURE_PID: self.pid,
+            RANK_FAILURE_EXIT_CODE: self.exit_code,
+            RANK_FAILURE_SIGNAL: self.signal,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RankFailure | None:
+        """Parse the JSON form; None when it is not one."""
+        if not isinstance(data, dict):
+            return None
+        rank, pid = data.get(RANK_FAILURE_RANK), data.get(RANK_FAILURE_PID)
+        code, sig = data.get(RANK_FAILURE_EXIT_CODE), data.get(RANK_FAILURE_SIGNAL)
+        if not isinstance(rank, int) or rank < 0:
+            return None
+        return cls(
+            rank=rank,
+            pid=pid if isinstance(pid, int) else None,
+            exit_code=code if isinstance(code, int) else None,
+            signal=sig if isinstance(sig, str) else None,
+        )
+
+
+def read_rank_failure(path: Path) -> RankFailure | None:
+    """The first rank failure of the supervisor's current or last launch, or None."""
+    data = read_json(path)
+    return None if data is None else RankFailure.from_dict(data.get(SUPERVISOR_RANK_FAILURE))
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,14 @@ SECRET_MODE = 0o440
 # Node affinity on the node's name, not its hostname label, which may differ from it.
 NODE_NAME_FIELD = "metadata.name"
 SPEC_HASH_LENGTH = 16
+# Spec fields added after runs already existed, with the value that means "as before": left out
+# of the spec hash while they hold it. The apiserver fills a new field's default into every
+# stored run, so hashing it would change the hash of every existing run and make the operator
+# recreate every running pod after an upgrade. (camelCase path, default)
+ADDED_DEFAULTS: tuple[tuple[tuple[str, ...], object], ...] = (
+    (("trainer", "nodes"), 1),
+    (("trainer", "procsPerNode"), None),
+)
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,13 @@ def spec_hash(spec: TrainingRunSpec) -> str:
     """A digest of everything in the spec a pod is built from (all of it but `suspend`)."""
     data = spec.to_object()
     data.pop("suspend", None)
+    for path, default in ADDED_DEFAULTS:
+        *parents, name = path
+        holder = data
+        for key in parents:
+            holder = holder.get(key) or {}
+        if name in holder and holder[name] == default:
+            del holder[name]
     encoded = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:SPEC_HASH_LENGTH]
 
@@ -185,6 +200,7 @@ def pod_env(run: TrainingRun, attempt: int) -> PodEnv:
         recovery=spec.recovery,
         layers=tuple(spec.checkpoints.remote),
         flush_timeout_seconds=spec.checkpoints.flush_timeout_seconds,
+        procs_per_node=spec.trainer.ranks_per_node,
         data_source=_staging_source(data) if data is not None and data.stage else None,
         data_bytes=sizes.data if data is not None else None,
         checkpoint_bytes=sizes.checkpoint,

@@ -1,0 +1,117 @@
+"""The ranks of a training job, as PyTorch's launcher describes them, and what they agree on.
+
+Under torchrun (`trainguard_harness.launcher`) every rank has the standard RANK, LOCAL_RANK,
+WORLD_SIZE and LOCAL_WORLD_SIZE; a process started without a launcher is rank 0 of 1. Data
+parallel ranks hold the same state, so only rank 0 saves checkpoints, and every rank must
+resume from the same step: rank 0 picks the newest checkpoint that verifies and broadcasts
+its step (`agree_on_step`); the others load exactly that one. A stop (SIGTERM reaches the ranks
+at different moments) is agreed on every step with the loss (`reduce_step`), so no rank leaves
+the loop while another waits for it in a collective. Without a process group these are
+identities. torch is imported only where a process group is used.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+RANK_ENV = "RANK"
+LOCAL_RANK_ENV = "LOCAL_RANK"
+WORLD_SIZE_ENV = "WORLD_SIZE"
+LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"
+
+
+def _number(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: not an integer") from None
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Where the calling process stands among the job's ranks."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.rank < self.world_size and 0 <= self.local_rank < self.local_world_size):
+            raise ValueError(f"inconsistent ranks: {self}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Ranks:
+        """The launcher's description of this process (rank 0 of 1 without a launcher)."""
+        variables = os.environ if environ is None else environ
+        world = _number(variables, WORLD_SIZE_ENV, 1)
+        return cls(
+            rank=_number(variables, RANK_ENV, 0),
+            local_rank=_number(variables, LOCAL_RANK_ENV, 0),
+            world_size=world,
+            local_world_size=_number(variables, LOCAL_WORLD_SIZE_ENV, world),
+        )
+
+    @property
+    def distributed(self) -> bool:
+        """Whether there are other ranks to agree with."""
+        return self.world_size > 1
+
+    @property
+    def saves(self) -> bool:
+        """Whether this rank writes checkpoints (rank 0: the state is replicated)."""
+        return self.rank == 0
+
+    @property
+    def per_rank_heartbeat(self) -> bool:
+        """Whether this pod runs several ranks, each with a heartbeat of its own."""
+        return self.local_world_size > 1
+
+
+def process_group() -> Any:
+    """torch.distributed when a process group is up, else None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    dist = torch.distributed
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _device() -> Any:
+    """Where collectives' tensors live: the rank's GPU for nccl, the CPU otherwise."""
+    import torch
+
+    if torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def agree_on_step(step: int) -> int:
+    """Rank 0's `step`, on every rank (the step rank 0 resumes from)."""
+    dist = process_group()
+    if dist is None or dist.get_world_size() == 1:
+        return step
+    import torch
+
+    value = torch.tensor([step], dtype=torch.int64, device=_device())
+    dist.broadcast(value, src=0)
+    return int(value.item())
+
+
+def reduce_step(loss: float, stop: bool) -> tuple[float, bool]:
+    """(the mean of every rank's loss, whether any rank was asked to stop)."""
+    dist = process_group()
+    if dist is None or dist.get_world_size() == 1:
+        return loss, stop
+    import torch
+
+    values = torch.tensor([loss, float(stop)], dtype=torch.float64, device=_device())
+    dist.all_reduce(values)
+    return float(values[0].item()) / dist.get_world_size(), bool(values[1].item() > 0)
