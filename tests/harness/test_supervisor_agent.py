@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,3 +187,52 @@ def test_a_plain_script_on_four_gpus_is_healthy_and_ghost_memory_on_one_is_named
     assert evidence["gpu"] == "2"
     assert evidence["reason"] == "driver reports 8192 MiB on GPU 2 held by no live process"
     assert [e[0] for e in api.events] == ["VerdictGhostMemory"]
+
+
+class TimedRecorder(Recorder):
+    """A recorder that also notes when each verdict was first renewed (monotonic clock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_renewed: dict[str, float] = {}
+
+    def renew(self, duration: int, annotations: dict[str, str]) -> None:
+        super().renew(duration, annotations)
+        verdict = annotations[constants.ANNOTATION_VERDICT]
+        self.first_renewed.setdefault(verdict, time.monotonic())
+
+
+def test_a_death_wakes_the_agent_at_once_not_at_its_next_look(pod: Pod) -> None:
+    """The supervisor's state file changing cuts the agent's wait short (`agent.wake`).
+
+    The agent looks every 10 s; the script dies 1 s into a wait. The death reaches the Lease
+    within a fraction of that interval, then the loop ends (it runs in this test's main thread:
+    the loop installs a SIGTERM handler).
+    """
+    script = pod.supervise("--backoff", "5")
+    loop, _ = pod.agent(intervalSeconds=10, leaseDurationSeconds=30)
+    api = TimedRecorder()
+    loop.client = api
+    assert loop.wake.watching
+    healthy_on_the_gpu(loop, api)
+    killed: list[float] = []
+
+    def kill() -> None:
+        killed.append(time.monotonic())
+        os.kill(script, signal.SIGKILL)
+
+    timer = threading.Timer(1.0, kill)
+    started = time.monotonic()
+    timer.start()
+    try:
+        loop.run(stop_after_s=0.5)  # returns after the first look that follows the wake
+    finally:
+        timer.cancel()
+    ran = time.monotonic() - started
+    assert killed, "the loop ended before the script was killed"
+    assert "Dead" in api.first_renewed, api.renewals[-1]
+    seen_after = api.first_renewed["Dead"] - killed[0]
+    # On an idle machine this is milliseconds; the bound leaves room for a loaded one and is
+    # far below the 10 s interval the agent would otherwise have slept through.
+    assert seen_after < 2.0, seen_after
+    assert ran < 5.0, ran

@@ -1,6 +1,7 @@
 """`trainguard agent`: the native sidecar that watches the trainer by absence.
 
-Every `monitor.intervalSeconds` it collects the signals, classifies a verdict and renews the
+Every `monitor.intervalSeconds`, and at once when the supervisor's state changes (a death, a
+restart: `trainguard.agent.wake`), it collects the signals, classifies a verdict and renews the
 run's heartbeat Lease with the verdict and compact evidence (annotations under 1 KiB). A
 changed verdict renews at once and becomes an Event. On `Hung` it has the trainer's stacks
 dumped (the harness's faulthandler signal) into its log and an Event, and the training process
@@ -40,6 +41,7 @@ from trainguard.agent.verdicts import (
     Verdict,
     classify,
 )
+from trainguard.agent.wake import StateFileWake
 from trainguard.api import constants
 from trainguard.contract import env, reports
 from trainguard.contract.env import PodEnv
@@ -196,6 +198,9 @@ class Agent:
         self.backoff = 0.0
         self.next_api_try = 0.0
         self.reporting: dict[str, dict[str, Any]] = {}  # the layer states of the renewal under way
+        # The supervisor rewrites its state file the moment its child ends: the next look
+        # follows at once, not at the next interval.
+        self.wake = StateFileWake(self.pod.supervisor_file)
 
     def note_restore(self) -> None:
         """Tell what the restore step did, once its account is there.
@@ -343,7 +348,7 @@ class Agent:
                 log(f"monitoring pass failed: {err!r}")
             if stop_after_s is not None and tick - started >= stop_after_s:
                 return
-            time.sleep(max(0.0, self.interval - (time.monotonic() - tick)))
+            self.wake.wait(self.interval - (time.monotonic() - tick))
         if self.shipper is not None:
             # The pod is being deleted: its emptyDir dies with it, so the newest verified
             # checkpoint goes to a remote layer first (bounded by the grace period).
