@@ -42,6 +42,13 @@ restart cap. While they run, `rank_pids` maps each local rank to its worker proc
 launcher, which is `child_pid`). With one rank the command is started directly, exactly as
 without ranks, `rank_pids` is ``{"0": child_pid}`` and a death is rank 0's `rank_failure`.
 
+A restart of a Python trainer (the supervisor's own interpreter running a script or a module)
+takes a warm standby (`trainguard_harness.standby`): an interpreter started `--standby-delay`
+seconds (default `STANDBY_DELAY_S`) after the trainer, with torch already imported, waiting
+for the command; the restarted trainer skips the import (`--no-standby` starts every trainer
+afresh). One rank only: torchrun starts
+the ranks of a multi-rank pod.
+
 It also answers the pod agent's kill requests (`kill-request.json` next to the state file):
 the agent watches from another container, as another user, and may not signal the trainer.
 A request naming the running child's PID (or one of its ranks') gets SIGUSR1 (the harness
@@ -83,7 +90,7 @@ from trainguard.contract.files import (
     read_json,
     share_with_pod,
 )
-from trainguard_harness import launcher
+from trainguard_harness import launcher, standby
 from trainguard_harness.gpu_publisher import GpuPublisher
 from trainguard_harness.settings import HarnessSettings
 
@@ -96,6 +103,9 @@ STATE_TERMINATED = "terminated"
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 HISTORY_LIMIT = 50
 POLL_S = 0.1
+# A standby for the next restart is started this long after the trainer: not at the same time
+# as the trainer's own start-up, which it would slow down on a small machine.
+STANDBY_DELAY_S = 5.0
 EXIT_USAGE = 2
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_BACKOFF_S = 1.0
@@ -257,8 +267,15 @@ class Supervisor:
         grace_period: float,
         stacks_file: Callable[[int], Path] | None = None,
         procs_per_node: int = 1,
+        use_standby: bool = True,
+        standby_delay: float = STANDBY_DELAY_S,
     ) -> None:
         self.command = command
+        # What a warm standby runs for this command; None where none can (`standby.order_for`).
+        eligible = use_standby and procs_per_node == 1
+        self.order = standby.order_for(command) if eligible else None
+        self.standby: standby.Standby | None = None
+        self.standby_delay = standby_delay
         self.state_file = state_file
         self.kill_request_file = state_file.with_name(KILL_REQUEST_FILENAME)
         self.procs_per_node = procs_per_node
@@ -317,8 +334,9 @@ class Supervisor:
         command = launcher.launch_command(
             self.command, self.procs_per_node, self.launch_result_file
         )
-        child = subprocess.Popen(command, start_new_session=True)
+        child = self._take_standby() or subprocess.Popen(command, start_new_session=True)
         self.child = child
+        started = time.monotonic()
         if self.terminating is not None:
             kill_group(child.pid, self.terminating)  # the signal arrived while starting it
         record = Attempt(self.state.attempt, child.pid, time.time())
@@ -336,6 +354,8 @@ class Supervisor:
                 if multi:
                     self._watch_ranks(child.pid)
                 self._answer_kill_request(child.pid)
+                if time.monotonic() - started >= self.standby_delay:
+                    self._prepare_standby()
         # The session leader is gone; anything left in its group would hold GPU memory.
         leftovers = group_members(child.pid)
         kill_group(child.pid)
@@ -352,6 +372,31 @@ class Supervisor:
         self.ranks = {}
         self.state.rank_pids = {}
         return returncode
+
+    def _take_standby(self) -> subprocess.Popen[bytes] | None:
+        """The warm standby, given the command, if one waits; None to start afresh."""
+        waiting, self.standby = self.standby, None
+        if waiting is None or self.order is None:
+            return None
+        if not waiting.alive():
+            waiting.discard()
+            return None
+        return waiting.take(self.order)
+
+    def _prepare_standby(self) -> None:
+        """Start the standby of the next restart, unless there is one or none is wanted."""
+        if self.order is None or self.standby is not None or self.terminating is not None:
+            return
+        try:
+            self.standby = standby.Standby()
+        except OSError:
+            self.order = None  # no standby can start here: every restart starts afresh
+
+    def discard_standby(self) -> None:
+        """End the waiting standby, if any (supervision ends)."""
+        waiting, self.standby = self.standby, None
+        if waiting is not None:
+            waiting.discard()
 
     def _rank_pids(self) -> dict[str, int]:
         return {str(rank): pid for rank, pid in sorted(self.ranks.items())}
@@ -455,6 +500,12 @@ class Supervisor:
 
     def run(self) -> int:
         """Supervise until completion, termination or giving up; return the exit status."""
+        try:
+            return self._supervise()
+        finally:
+            self.discard_standby()
+
+    def _supervise(self) -> int:
         for sig in FORWARDED_SIGNALS:
             signal.signal(sig, self._on_signal)
         if self.procs_per_node > 1:
@@ -569,6 +620,17 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argpar
         help=f"ranks in this pod, started through torchrun if more than one ({env.PROCS_PER_NODE})",
     )
     parser.add_argument("--no-gpu", action="store_true", help="do not publish GPU readings")
+    parser.add_argument(
+        "--no-standby",
+        action="store_true",
+        help="start every restarted trainer afresh, without a warm standby interpreter",
+    )
+    parser.add_argument(
+        "--standby-delay",
+        type=float,
+        default=STANDBY_DELAY_S,
+        help="seconds after a trainer starts before the standby for its restart is started",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -579,6 +641,8 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argpar
         parser.error("--max-restarts, --backoff, --backoff-max and --backoff-reset must be >= 0")
     if args.procs_per_node < 1:
         parser.error("--procs-per-node must be at least 1")
+    if args.standby_delay < 0:
+        parser.error("--standby-delay must be >= 0")
     return args
 
 
@@ -602,6 +666,8 @@ def main(argv: list[str]) -> int:
         grace_period=args.grace_period,
         stacks_file=settings.stacks_file,
         procs_per_node=args.procs_per_node,
+        use_standby=not args.no_standby,
+        standby_delay=args.standby_delay,
     )
     publisher = None
     if not args.no_gpu:
