@@ -8,6 +8,7 @@ tells it once as a Warning Event `InvalidCheckpoint` naming layer, step, file an
 carries it in the Lease, from which the operator writes `status.lastInvalidCheckpoint` and
 `status.invalidCheckpoints`. The corrupt checkpoint is never deleted: it stays under its name
 or, once the trainer saves its step again, is moved aside (`.invalid-step-<n>-<unique>/`).
+What tells the finding is asserted as the real-node tier asserts it (`testing.signals`).
 """
 
 from __future__ import annotations
@@ -21,12 +22,20 @@ import pytest
 from operator_proc import apply, events_of
 from recovery_helpers import bound_pod, status_of
 
+from trainguard.api.constants import L1_LAYER, FoundBy
 from trainguard.ckpt import scan, step_dirname
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.testing.pods import checkpointed, heartbeat, pod_directory, state_dir
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import OperatorProcess
 from trainguard_dev.testing.runs import make_shards, reference_run
+from trainguard_dev.testing.signals import (
+    HASH_MISMATCH,
+    VICTIM,
+    assert_invalid_checkpoint_told,
+    flip_a_byte,
+    invalid_checkpoint_events,
+)
 
 pytest_plugins = ("operator_fixtures",)
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -34,8 +43,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 RUN = "corrupt"
 EVERY_STEPS = 10
 L1_VOLUME = "l1"
-VICTIM = "model.safetensors"
-REASON = "xxh3-128 hash mismatch"
 
 
 @pytest.mark.parametrize("operator", ["chart-rbac"], indirect=True)
@@ -65,35 +72,28 @@ def test_a_corrupt_l1_checkpoint_is_skipped_kept_and_told(
     # Nothing writes L1 until the supervisor's restart (its back-off is a second at least).
     newest = scan(l1, check_hashes=False).valid[-1]
     assert newest.step is not None
-    data = bytearray((newest.path / VICTIM).read_bytes())
-    data[len(data) // 2] ^= 0x01
-    (newest.path / VICTIM).write_bytes(bytes(data))
+    (newest.path / VICTIM).write_bytes(flip_a_byte((newest.path / VICTIM).read_bytes()))
     step = newest.step
 
     def told() -> dict[str, Any] | None:
         last = status_of(cluster, namespace, RUN).get("lastInvalidCheckpoint")
         return last if last and last.get("step") == step else None
 
-    last = eventually(told, timeout=90, what=f"status.lastInvalidCheckpoint of step {step}")
-    assert last == {
-        "layer": "l1",
-        "step": step,
-        "file": VICTIM,
-        "reason": REASON,
-        "found": "Scan",
-        "time": last["time"],
-        "attempt": 1,
-    }
-    counts = status_of(cluster, namespace, RUN)["invalidCheckpoints"]
-    assert counts == [{"layer": "l1", "attempt": 1, "count": 1}], counts
-
     def warnings() -> list[dict[str, Any]]:
-        found = events_of(cluster, namespace, RUN)
-        return [e for e in found if e.get("reason") == "InvalidCheckpoint"]
+        return invalid_checkpoint_events(events_of(cluster, namespace, RUN))
 
-    [event] = eventually(warnings, timeout=30, what="the InvalidCheckpoint Event")
-    assert event["type"] == "Warning"
-    assert f"layer l1, step {step}, {VICTIM}: {REASON}" in event["message"], event["message"]
+    eventually(told, timeout=90, what=f"status.lastInvalidCheckpoint of step {step}")
+    events = eventually(warnings, timeout=30, what="the InvalidCheckpoint Event")
+    assert_invalid_checkpoint_told(
+        status_of(cluster, namespace, RUN),
+        events,
+        layer=L1_LAYER,
+        step=step,
+        file=VICTIM,
+        reason=HASH_MISMATCH,
+        found=FoundBy.SCAN,
+        attempt=1,
+    )
 
     # The restarted trainer resumed from the checkpoint before and trains on.
     def trained_past() -> dict[str, Any] | None:

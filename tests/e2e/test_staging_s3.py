@@ -3,7 +3,8 @@
 The run's shards are objects in a SeaweedFS bucket; the run names the bucket and a Secret
 with the S3 keys and endpoint. On a process-backed node the pod's `stage-data` step reads
 the Secret where the operator mounted it, stages the objects verified against their ETags,
-its progress reaches the run's status, and the reference trainer trains on the local copy.
+its progress reaches the run's status, and the reference trainer trains on the local copy
+(asserted as the real-node tier asserts it: `trainguard_dev.testing.signals`).
 """
 
 from __future__ import annotations
@@ -12,20 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_proc import apply, condition, get_json, pods_of
+from operator_proc import apply, get_json, pods_of
 
-from trainguard.api.constants import (
-    SECRET_KEY_S3_ACCESS_KEY_ID,
-    SECRET_KEY_S3_ENDPOINT_URL,
-    SECRET_KEY_S3_SECRET_ACCESS_KEY,
-)
-from trainguard.contract import env
-from trainguard.initsteps import stage_data as staging
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import OperatorProcess
 from trainguard_dev.testing.runs import make_shards, reference_run
-from trainguard_dev.testing.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
+from trainguard_dev.testing.servers import SeaweedFS
+from trainguard_dev.testing.signals import assert_data_secrets_in_stage_data_alone, assert_staged
 
 pytest_plugins = ("operator_fixtures", "integration.s3_fixtures")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -50,17 +45,12 @@ def test_a_run_stages_its_shards_from_s3_with_its_own_secret_and_trains(
     for path in objects:
         key = f"datasets/{path.relative_to(shards).as_posix()}"
         client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
-    keys = {
-        SECRET_KEY_S3_ACCESS_KEY_ID: S3_ACCESS_KEY,
-        SECRET_KEY_S3_SECRET_ACCESS_KEY: S3_SECRET_KEY,
-        SECRET_KEY_S3_ENDPOINT_URL: seaweedfs.endpoint,
-    }
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET}}
     source = {"uri": f"s3://{bucket}/datasets", "credentialsSecret": {"name": SECRET}}
     run = reference_run(
         "s3-data", shards, 20, {"data": {"source": source}, "monitor": {"startupGraceSeconds": 5}}
     )
-    apply(cluster, namespace, {**secret, "stringData": keys}, run)
+    apply(cluster, namespace, {**secret, "stringData": seaweedfs.secret_data()}, run)
 
     def trained() -> dict[str, Any] | None:
         current = get_json(cluster, "tr", "s3-data", "-n", namespace)
@@ -68,15 +58,6 @@ def test_a_run_stages_its_shards_from_s3_with_its_own_secret_and_trains(
         return current if (status.get("step") or 0) >= 5 else None
 
     current = eventually(trained, timeout=180, what="the run to train on the staged shards")
-
-    done = current["status"]["staging"]
-    assert done["phase"] == staging.COMPLETE, done
-    assert done["filesDone"] == done["filesTotal"] == len(objects), done
-    assert done["bytesDone"] == sum(p.stat().st_size for p in objects), done
-    staged = condition(current, "DataStaged")
-    assert staged is not None and (staged["status"], staged["reason"]) == ("True", "DataStaged")
+    assert_staged(current, objects)
     (pod,) = pods_of(cluster, namespace, "s3-data")
-    spec = pod["spec"]
-    for container in [*spec["initContainers"], *spec["containers"]]:
-        names = {item["name"] for item in container["env"]}
-        assert (env.DATA_SECRETS in names) == (container["name"] == "stage-data"), container
+    assert_data_secrets_in_stage_data_alone(pod)

@@ -312,20 +312,24 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class HubServer(ThreadingHTTPServer):
-    """The stand-in on a free loopback port; `url` is what `HfApi(endpoint=...)` takes."""
+    """The stand-in on a free port of `host`; `url` is what `HfApi(endpoint=...)` takes.
+
+    `host` is loopback unless pods must reach it (on real nodes: the host's address on the
+    cluster's pod network).
+    """
 
     daemon_threads = True
 
-    def __init__(self, token: str) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+    def __init__(self, token: str, host: str = "127.0.0.1") -> None:
+        super().__init__((host, 0), Handler)
         self.state = HubState(token)
-        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        self.url = f"http://{host}:{self.server_address[1]}"
 
 
 @contextmanager
-def serving(token: str) -> Iterator[HubServer]:
+def serving(token: str, host: str = "127.0.0.1") -> Iterator[HubServer]:
     """A stand-in served from a thread of this process, shut down on leaving."""
-    server = HubServer(token=token)
+    server = HubServer(token=token, host=host)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

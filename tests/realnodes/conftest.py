@@ -5,6 +5,10 @@ containerd, runc, kube-proxy) to the suite's `cluster` (its apiserver restarts o
 real nodes need), imports the test shell image into each, and takes a snapshot of the host
 before, so that a test can check that removing them leaves the host as it was. The real
 nodes are removed at the end of the session.
+
+`trainguard` installs the chart's operator on a real node for the scenarios; they run the
+reference trainer in the trainer image (`real_run`, data staged from `shards_claim`), and read
+and act on it through the helpers at the end of this module.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +25,16 @@ from typing import Any
 import pytest
 
 from session_cluster import TEST_NODES, TEST_PROCESS_NODES
+from trainguard.api.constants import LABEL_ATTEMPT, LABEL_RUN, Verdict
+from trainguard.ckpt import MANIFEST_FILENAME
+from trainguard.layers.lineage import CheckpointRef, parse_key
 from trainguard_dev import images
 from trainguard_dev.cluster import realnode
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.testing import chart
+from trainguard_dev.testing.pods import checkpointed, real_state_dir
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.runs import make_shards, real_node_run
 from trainguard_dev.testing.servers import INSTALL_HINT, WEED, SeaweedFS
 
 REAL_NODES = 2
@@ -232,3 +243,187 @@ def real_s3(
         yield server
     finally:
         server.kill()
+
+
+# ----- the scenarios' runs: the reference trainer on the real nodes ------------------------
+
+SHARDS_CLAIM = "shards"
+SHARDS_PV = "realnode-shards"
+# The Secret of the runs' s3:// layers on `real_s3`.
+S3_SECRET = "s3-credentials"
+S3_LAYER = "s3"
+BOUND_TIMEOUT_S = 60
+CHECKPOINTS_TIMEOUT_S = 240
+EXEC_TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="session")
+def shards_claim(trainguard: Trainguard, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A PVC bound to a hostPath volume holding synthetic token shards: the runs' data source."""
+    root = tmp_path_factory.mktemp("realnode-data")
+    shards = make_shards(root / "shards")
+    for path in (root, shards, *shards.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o644)  # read by the stage-data step's user
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": SHARDS_PV},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadOnlyMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": str(shards), "type": "Directory"},
+            "claimRef": {"namespace": RUNS_NAMESPACE, "name": SHARDS_CLAIM},
+        },
+    }
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": SHARDS_CLAIM, "namespace": RUNS_NAMESPACE},
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "volumeName": SHARDS_PV,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    cluster = trainguard.cluster
+    cluster.kubectl("delete", "pv", SHARDS_PV, "--ignore-not-found", "--wait=false")
+    apply_in_runs(cluster, volume, claim)
+    return SHARDS_CLAIM
+
+
+def real_run(
+    trainguard: Trainguard, name: str, claim: str, every_steps: int, spec: dict[str, Any]
+) -> dict[str, Any]:
+    """The reference trainer in the trainer image built here, on the real nodes.
+
+    In the runs' namespace, its data staged from `claim`; `spec` changes the rest.
+    """
+    return real_node_run(
+        name,
+        trainguard.trainer_image.ref,
+        claim,
+        every_steps,
+        REAL_NODE_SELECTOR,
+        spec,
+        namespace=RUNS_NAMESPACE,
+    )
+
+
+def run_status(cluster: Cluster, name: str) -> dict[str, Any]:
+    """The run's status (empty until the operator wrote one)."""
+    run = kubectl_json(cluster, "get", "trainingrun", name, "-n", RUNS_NAMESPACE)
+    return run.get("status") or {}
+
+
+def run_pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    """The run's pods."""
+    listed = kubectl_json(cluster, "get", "pods", "-n", RUNS_NAMESPACE, "-l", f"{LABEL_RUN}={name}")
+    return list(listed["items"])
+
+
+def bound_pod(cluster: Cluster, name: str, attempt: int = 1) -> dict[str, Any] | None:
+    """The run's pod of `attempt` once it is bound to a node, else None."""
+    for pod in run_pods(cluster, name):
+        labels = pod["metadata"].get("labels") or {}
+        if labels.get(LABEL_ATTEMPT) == str(attempt) and pod["spec"].get("nodeName"):
+            return pod
+    return None
+
+
+def run_events(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    """The Events about the run."""
+    listed = kubectl_json(
+        cluster, "get", "events", "-n", RUNS_NAMESPACE,
+        "--field-selector", f"involvedObject.kind=TrainingRun,involvedObject.name={name}",
+    )  # fmt: skip
+    return list(listed["items"])
+
+
+def pod_state(trainguard: Trainguard, pod: dict[str, Any]) -> Path:
+    """The pod's state volume where its real node's kubelet keeps it (heartbeat, reports)."""
+    node = trainguard.cluster.real_nodes.node(pod["spec"]["nodeName"])
+    return real_state_dir(node.kubelet_root, pod)
+
+
+def exec_python(cluster: Cluster, pod: str, container: str, script: str) -> str:
+    """Run Python in one of the pod's containers, as that container's user."""
+    return cluster.kubectl(
+        "exec", "-n", RUNS_NAMESPACE, pod, "-c", container, "--", "python", "-c", script,
+        timeout=EXEC_TIMEOUT_S,
+    ).stdout  # fmt: skip
+
+
+def _recent_events(cluster: Cluster) -> str:
+    return cluster.kubectl(
+        "get", "events", "-n", RUNS_NAMESPACE, "--sort-by=.lastTimestamp", check=False
+    ).stdout[-3000:]
+
+
+def training(
+    trainguard: Trainguard, run: dict[str, Any], every_steps: int, attempt: int = 1
+) -> tuple[dict[str, Any], realnode.RealNode, Path]:
+    """Apply the run; wait for its pod on a real node, two checkpoints and a Healthy verdict.
+
+    Returns the pod, its node and its state volume.
+    """
+    cluster = trainguard.cluster
+    name = run["metadata"]["name"]
+    apply_in_runs(cluster, run)
+    pod = eventually(
+        lambda: bound_pod(cluster, name, attempt),
+        timeout=BOUND_TIMEOUT_S,
+        what="the run's pod bound to a real node",
+        detail=lambda: json.dumps(run_status(cluster, name))[:2000],
+    )
+    node = cluster.real_nodes.node(pod["spec"]["nodeName"])  # raises unless a real node
+    state = pod_state(trainguard, pod)
+    eventually(
+        lambda: checkpointed(state, 2 * every_steps),
+        timeout=CHECKPOINTS_TIMEOUT_S,
+        what="training with two checkpoints",
+        detail=lambda: _recent_events(cluster),
+    )
+    eventually(lambda: run_status(cluster, name).get("verdict") == Verdict.HEALTHY, what="Healthy")
+    return pod, node, state
+
+
+def s3_secret(server: SeaweedFS) -> dict[str, Any]:
+    """The Secret `S3_SECRET` of the runs' layers on `server`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": S3_SECRET, "namespace": RUNS_NAMESPACE},
+        "stringData": server.secret_data(),
+    }
+
+
+def s3_bucket(server: SeaweedFS, cluster: Cluster) -> str:
+    """A fresh bucket on `server`, and the Secret `S3_SECRET` that reaches it; the bucket."""
+    bucket = f"tg-{uuid.uuid4().hex[:12]}"
+    server.client().create_bucket(Bucket=bucket)
+    apply_in_runs(cluster, s3_secret(server))
+    return bucket
+
+
+def shipped_step(cluster: Cluster, name: str, layer: str = S3_LAYER) -> int | None:
+    """The newest step the run's status says is verified on `layer`, else None."""
+    layers = {c["layer"]: c for c in run_status(cluster, name).get("checkpoints", [])}
+    entry = layers.get(layer, {})
+    return entry.get("step") if entry.get("verified") and entry.get("step") else None
+
+
+def s3_checkpoints(server: SeaweedFS, bucket: str, prefix: str) -> set[CheckpointRef]:
+    """Complete checkpoints under `prefix` in the bucket, with the attempt that shipped each."""
+    prefix = f"{prefix}/"
+    found = set()
+    for page in (
+        server.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    ):
+        for item in page.get("Contents", []):
+            parsed = parse_key(item["Key"][len(prefix) :])
+            if parsed is not None and parsed[1] == MANIFEST_FILENAME:
+                found.add(parsed[0])
+    return found

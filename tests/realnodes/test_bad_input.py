@@ -25,9 +25,10 @@ from realnodes.conftest import (
     Trainguard,
     apply_in_runs,
     kubectl_json,
+    run_pods,
+    run_status,
 )
 from trainguard.api.constants import (
-    LABEL_RUN,
     SECRET_KEY_S3_ACCESS_KEY_ID,
     SECRET_KEY_S3_ENDPOINT_URL,
     SECRET_KEY_S3_SECRET_ACCESS_KEY,
@@ -61,16 +62,6 @@ IMAGE_BOUND = 120
 SETTLE_SECONDS = 30
 # The kubelet retries a failed mount with a back-off doubling up to about 2 minutes.
 SECRET_FIXED_BOUND = 180
-
-
-def _status(cluster: Cluster, name: str) -> dict[str, Any]:
-    run = kubectl_json(cluster, "get", "trainingrun", name, "-n", RUNS_NAMESPACE)
-    return run.get("status") or {}
-
-
-def _pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    listed = kubectl_json(cluster, "get", "pods", "-n", RUNS_NAMESPACE, "-l", f"{LABEL_RUN}={name}")
-    return list(listed["items"])
 
 
 def _warnings(cluster: Cluster, name: str, reason: str) -> list[dict[str, Any]]:
@@ -107,25 +98,25 @@ def _held(cluster: Cluster, name: str, reason: Reason, named: str, bound: float)
     started = time.monotonic()
 
     def holds() -> str | None:
-        condition = _progressing(_status(cluster, name))
+        condition = _progressing(run_status(cluster, name))
         if condition.get("reason") == reason and named in condition.get("message", ""):
             return str(condition["message"])
         return None
 
     message = eventually(
         holds, timeout=bound, what=f"{reason} naming {named}",
-        detail=lambda: json.dumps(_status(cluster, name))[:2000],
+        detail=lambda: json.dumps(run_status(cluster, name))[:2000],
     )  # fmt: skip
     print(f"{reason} after {time.monotonic() - started:.1f} s: {message}")
     time.sleep(SETTLE_SECONDS)
-    status = _status(cluster, name)
+    status = run_status(cluster, name)
     assert _progressing(status).get("reason") == reason, status
     assert (status.get("attempt"), status.get("restarts", 0)) == (1, 0), status
     assert "lastFailure" not in status, status
     told = _warnings(cluster, name, reason)
     assert len(told) == 1 and told[0].get("count", 1) == 1, json.dumps(told, indent=1)
     assert named in told[0]["message"]
-    assert [p["metadata"]["name"] for p in _pods(cluster, name)] == [f"{name}-1"]
+    assert [p["metadata"]["name"] for p in run_pods(cluster, name)] == [f"{name}-1"]
     return message
 
 
@@ -146,7 +137,7 @@ def test_a_missing_data_claim_is_named_and_the_pod_waits_unscheduled(
     apply_in_runs(cluster, _run(trainguard, run_name, {"data": data}))
     message = _held(cluster, run_name, Reason.CLAIM_NOT_FOUND, ABSENT_CLAIM, CLAIM_BOUND)
     assert "the data source" in message
-    (pod,) = _pods(cluster, run_name)
+    (pod,) = run_pods(cluster, run_name)
     assert not pod["spec"].get("nodeName"), pod["status"]
 
 
@@ -180,15 +171,15 @@ def test_a_missing_secret_is_named_and_creating_it_lets_the_run_start(
     )
 
     def started() -> dict[str, Any] | None:
-        status = _status(cluster, run_name)
+        status = run_status(cluster, run_name)
         reason = _progressing(status).get("reason")
         return status if reason in (Reason.TRAINING, OperatorReason.STARTING) else None
 
     status = eventually(
         started, timeout=SECRET_FIXED_BOUND, what="the run starting once the Secret exists",
-        detail=lambda: json.dumps(_status(cluster, run_name))[:2000],
+        detail=lambda: json.dumps(run_status(cluster, run_name))[:2000],
     )  # fmt: skip
     assert (status.get("attempt"), status.get("restarts", 0)) == (1, 0), status
-    (pod,) = _pods(cluster, run_name)
+    (pod,) = run_pods(cluster, run_name)
     ready = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
     assert ready.get("PodReadyToStartContainers") == "True", pod["status"]

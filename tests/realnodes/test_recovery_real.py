@@ -21,170 +21,59 @@ import pytest
 
 from realnodes.conftest import (
     OPERATOR_NODE,
-    REAL_NODE_SELECTOR,
     RELEASE_NAMESPACE,
     RUNS_NAMESPACE,
+    S3_SECRET,
     Trainguard,
     apply_in_runs,
+    bound_pod,
+    exec_python,
     kubectl_json,
+    pod_state,
+    real_run,
+    run_events,
+    run_pods,
+    run_status,
+    s3_bucket,
+    s3_checkpoints,
+    s3_secret,
+    shipped_step,
+    training,
 )
 from trainguard.api.constants import (
     ANNOTATION_EVIDENCE,
     ANNOTATION_VERDICT,
-    LABEL_ATTEMPT,
     LABEL_NODE_HEALTH,
-    LABEL_RUN,
-    SECRET_KEY_S3_ACCESS_KEY_ID,
-    SECRET_KEY_S3_ENDPOINT_URL,
     SECRET_KEY_S3_SECRET_ACCESS_KEY,
     TAINT_UNHEALTHY,
     Reason,
 )
 from trainguard.ckpt import MANIFEST_FILENAME, parse_step_dirname
 from trainguard.contract import env
-from trainguard.contract.files import HEARTBEAT_FILENAME, RESTORE_FILENAME, read_json
-from trainguard.layers.lineage import CheckpointRef, Origin, parse_key
+from trainguard.contract.files import RESTORE_FILENAME, read_json
+from trainguard.layers.lineage import Origin
 from trainguard.operator.build.constants import CREDENTIALS_DIR
 from trainguard.operator.build.pod import POD_FS_GROUP
 from trainguard_dev.cluster import realnode
 from trainguard_dev.cluster.cluster import Cluster
-from trainguard_dev.testing.pods import real_state_dir
+from trainguard_dev.testing.pods import heartbeat
 from trainguard_dev.testing.polling import eventually
-from trainguard_dev.testing.runs import make_shards, real_node_run
-from trainguard_dev.testing.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS
+from trainguard_dev.testing.servers import S3_SECRET_KEY, SeaweedFS
 
 # Only the test itself is timed: the session's real nodes, images and chart come from the
 # first test's fixtures (minutes on a fresh cache), whose every step is bounded on its own.
 pytestmark = [pytest.mark.realnodes, pytest.mark.timeout(420, func_only=True)]
 
 EVERY_STEPS = 20
-SHARDS_CLAIM = "shards"
-SHARDS_PV = "realnode-shards"
-SECRET = "s3-credentials"
 # Under the ghost threshold: on a live trainer no verdict; left by a death, memory not released.
 GHOST_MIB = 1024
 # Dead reaches the status within this many seconds of the kill (measured: a few).
 DEAD_BOUND_S = 15.0
 
 
-@pytest.fixture(scope="module")
-def shards_claim(trainguard: Trainguard, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A PVC bound to a hostPath volume holding synthetic token shards: the runs' data source."""
-    root = tmp_path_factory.mktemp("realnode-data")
-    shards = make_shards(root / "shards")
-    for path in (root, shards, *shards.iterdir()):
-        path.chmod(0o755 if path.is_dir() else 0o644)  # read by the stage-data step's user
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": SHARDS_PV},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadOnlyMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "hostPath": {"path": str(shards), "type": "Directory"},
-            "claimRef": {"namespace": RUNS_NAMESPACE, "name": SHARDS_CLAIM},
-        },
-    }
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": SHARDS_CLAIM, "namespace": RUNS_NAMESPACE},
-        "spec": {
-            "accessModes": ["ReadOnlyMany"],
-            "storageClassName": "",
-            "volumeName": SHARDS_PV,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    cluster = trainguard.cluster
-    cluster.kubectl("delete", "pv", SHARDS_PV, "--ignore-not-found", "--wait=false")
-    apply_in_runs(cluster, volume, claim)
-    return SHARDS_CLAIM
-
-
-def _run(trainguard: Trainguard, name: str, claim: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return real_node_run(
-        name,
-        trainguard.trainer_image.ref,
-        claim,
-        EVERY_STEPS,
-        REAL_NODE_SELECTOR,
-        spec,
-        namespace=RUNS_NAMESPACE,
-    )
-
-
-def _status(cluster: Cluster, name: str) -> dict[str, Any]:
-    run = kubectl_json(cluster, "get", "trainingrun", name, "-n", RUNS_NAMESPACE)
-    return run.get("status") or {}
-
-
-def _pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    listed = kubectl_json(cluster, "get", "pods", "-n", RUNS_NAMESPACE, "-l", f"{LABEL_RUN}={name}")
-    return list(listed["items"])
-
-
-def _bound(cluster: Cluster, name: str, attempt: int = 1) -> dict[str, Any] | None:
-    for pod in _pods(cluster, name):
-        labels = pod["metadata"].get("labels") or {}
-        if labels.get(LABEL_ATTEMPT) == str(attempt) and pod["spec"].get("nodeName"):
-            return pod
-    return None
-
-
-def _events(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    listed = kubectl_json(
-        cluster, "get", "events", "-n", RUNS_NAMESPACE,
-        "--field-selector", f"involvedObject.kind=TrainingRun,involvedObject.name={name}",
-    )  # fmt: skip
-    return list(listed["items"])
-
-
-def _state(trainguard: Trainguard, pod: dict[str, Any]) -> Path:
-    node = trainguard.cluster.real_nodes.node(pod["spec"]["nodeName"])
-    return real_state_dir(node.kubelet_root, pod)
-
-
-def _beat(state: Path) -> dict[str, Any] | None:
-    return read_json(state / HEARTBEAT_FILENAME)
-
-
-def _exec(cluster: Cluster, pod: str, container: str, script: str) -> str:
-    """Run Python in one of the pod's containers, as that container's user."""
-    return cluster.kubectl(
-        "exec", "-n", RUNS_NAMESPACE, pod, "-c", container, "--", "python", "-c", script
-    ).stdout
-
-
 def _training(trainguard: Trainguard, name: str, claim: str, spec: dict[str, Any]) -> Any:
     """Apply the run; wait for its pod on a real node, two checkpoints and a Healthy verdict."""
-    cluster = trainguard.cluster
-    apply_in_runs(cluster, _run(trainguard, name, claim, spec))
-    pod = eventually(
-        lambda: _bound(cluster, name),
-        timeout=60,
-        what="the run's pod bound to a real node",
-        detail=lambda: json.dumps(_status(cluster, name))[:2000],
-    )
-    node = cluster.real_nodes.node(pod["spec"]["nodeName"])  # raises unless a real node
-    state = _state(trainguard, pod)
-
-    def checkpointed() -> dict[str, Any] | None:
-        beat = _beat(state)
-        return beat if beat and (beat.get("last_checkpoint_step") or 0) >= 2 * EVERY_STEPS else None
-
-    eventually(
-        checkpointed,
-        timeout=240,
-        what="training with two checkpoints",
-        detail=lambda: cluster.kubectl(
-            "get", "events", "-n", RUNS_NAMESPACE, "--sort-by=.lastTimestamp", check=False
-        ).stdout[-3000:],
-    )
-    eventually(lambda: _status(cluster, name).get("verdict") == "Healthy", what="Healthy")
-    return pod, node, state
+    return training(trainguard, real_run(trainguard, name, claim, EVERY_STEPS, spec), EVERY_STEPS)
 
 
 def test_operator_from_the_chart_is_ready_on_a_real_node_under_restricted(
@@ -221,14 +110,16 @@ def test_silent_death_is_dead_restarted_in_place_and_resumed_from_l1(
     cluster = trainguard.cluster
     spec = {"monitor": {"startupGraceSeconds": 5}}
     pod, _node, state = _training(trainguard, run_name, shards_claim, spec)
-    before = _beat(state)
+    before = heartbeat(state)
     assert before is not None
     killed_at = time.monotonic()
     # SIGKILL from inside the trainer container (its own user), as an OOM kill or crash would.
-    _exec(cluster, pod["metadata"]["name"], "trainer", f"import os; os.kill({before['pid']}, 9)")
+    exec_python(
+        cluster, pod["metadata"]["name"], "trainer", f"import os; os.kill({before['pid']}, 9)"
+    )
 
     status = eventually(
-        lambda: (s := _status(cluster, run_name)).get("verdict") == "Dead" and s,
+        lambda: (s := run_status(cluster, run_name)).get("verdict") == "Dead" and s,
         timeout=30,
         what="Dead in the run's status",
     )
@@ -238,17 +129,17 @@ def test_silent_death_is_dead_restarted_in_place_and_resumed_from_l1(
     assert status["lastFailure"]["cause"] == "Dead"
 
     def resumed() -> dict[str, Any] | None:
-        beat = _beat(state)
+        beat = heartbeat(state)
         moved = beat and beat["pid"] != before["pid"] and (beat.get("step") or 0) > before["step"]
         return beat if moved else None
 
     after = eventually(resumed, timeout=120, what="training again after the restart")
-    assert [p["metadata"]["name"] for p in _pods(cluster, run_name)] == [pod["metadata"]["name"]]
+    assert [p["metadata"]["name"] for p in run_pods(cluster, run_name)] == [pod["metadata"]["name"]]
     restore = read_json(state / "supervisor.json") or {}
     assert restore["restarts"] >= 1
     assert before["step"] - before["last_checkpoint_step"] <= EVERY_STEPS
     assert after["step"] > before["step"]
-    assert _status(cluster, run_name)["restarts"] >= 1
+    assert run_status(cluster, run_name)["restarts"] >= 1
     print(f"silent death on a real node: Dead in the status after {detect_s:.1f} s")
 
 
@@ -266,14 +157,14 @@ def test_hang_is_dumped_then_killed_across_users_and_restarted_in_place(
         }
     }
     pod, _node, state = _training(trainguard, run_name, shards_claim, spec)
-    before = _beat(state)
+    before = heartbeat(state)
     assert before is not None
     pid = before["pid"]
     # The trainer stops (SIGSTOP): alive, holding its memory, no step advances.
-    _exec(cluster, pod["metadata"]["name"], "trainer", f"import os; os.kill({pid}, 19)")
+    exec_python(cluster, pod["metadata"]["name"], "trainer", f"import os; os.kill({pid}, 19)")
 
     def restarted() -> dict[str, Any] | None:
-        beat = _beat(state)
+        beat = heartbeat(state)
         return (
             beat
             if beat and beat["pid"] != pid and (beat.get("step") or 0) > before["step"]
@@ -285,16 +176,16 @@ def test_hang_is_dumped_then_killed_across_users_and_restarted_in_place(
     assert supervisor["last_kill"]["pid"] == pid and supervisor["last_kill"]["dumped"]
     ended = next(h for h in supervisor["history"] if h["pid"] == pid)
     assert ended["signal"] == "SIGKILL", ended
-    events = _events(cluster, run_name)
+    events = run_events(cluster, run_name)
     reasons = {e["reason"] for e in events}
     assert {"VerdictHung", "HungTrainerStacks"} <= reasons, reasons
     assert "HungTrainerNotKilled" not in reasons
     stacks = next(e["message"] for e in events if e["reason"] == "HungTrainerStacks")
     # The main thread's frames, in the training loop (faulthandler's dump, shortened).
     assert 'File "' in stacks and "trainguard_harness/train" in stacks, stacks
-    status = _status(cluster, run_name)
+    status = run_status(cluster, run_name)
     assert status["lastFailure"]["cause"] == "Hung"
-    assert [p["metadata"]["name"] for p in _pods(cluster, run_name)] == [pod["metadata"]["name"]]
+    assert [p["metadata"]["name"] for p in run_pods(cluster, run_name)] == [pod["metadata"]["name"]]
 
 
 def test_each_container_runs_as_its_image_user_and_reads_only_what_it_must(
@@ -303,11 +194,11 @@ def test_each_container_runs_as_its_image_user_and_reads_only_what_it_must(
     cluster = trainguard.cluster
     bucket = f"tg-{uuid.uuid4().hex[:12]}"
     real_s3.client().create_bucket(Bucket=bucket)
-    apply_in_runs(cluster, _s3_secret(real_s3))
+    apply_in_runs(cluster, s3_secret(real_s3))
     layer = {
         "name": "s3",
         "uri": f"s3://{bucket}/{run_name}",
-        "credentialsSecret": {"name": SECRET},
+        "credentialsSecret": {"name": S3_SECRET},
     }
     spec = {"monitor": {"startupGraceSeconds": 5}, "checkpoints": {"remote": [layer]}}
     pod, _node, _state_dir = _training(trainguard, run_name, shards_claim, spec)
@@ -315,7 +206,7 @@ def test_each_container_runs_as_its_image_user_and_reads_only_what_it_must(
     eventually(
         lambda: any(
             c["layer"] == "s3" and c.get("verified")
-            for c in _status(cluster, run_name).get("checkpoints", [])
+            for c in run_status(cluster, run_name).get("checkpoints", [])
         ),
         timeout=120,
         what="a checkpoint verified on the S3 layer",
@@ -334,8 +225,8 @@ def test_each_container_runs_as_its_image_user_and_reads_only_what_it_must(
         f"  'manifest': can(ckpt / '{MANIFEST_FILENAME}')}}))\n"
     )
     name = pod["metadata"]["name"]
-    agent = json.loads(_exec(cluster, name, "agent", probe))
-    trainer = json.loads(_exec(cluster, name, "trainer", probe))
+    agent = json.loads(exec_python(cluster, name, "agent", probe))
+    trainer = json.loads(exec_python(cluster, name, "trainer", probe))
     assert agent["uid"] == 65532 and trainer["uid"] == 10001, (agent, trainer)
     assert POD_FS_GROUP in trainer["groups"]  # the pod's fsGroup: the shared volumes
     assert agent["secret"] == len(S3_SECRET_KEY)  # its credentials, through the group
@@ -392,7 +283,7 @@ def test_a_trainer_forging_a_verdict_finds_no_credentials_and_changes_nothing(
     cluster = trainguard.cluster
     spec = {"monitor": {"startupGraceSeconds": 5, "intervalSeconds": 2}}
     pod, node, _state_dir = _training(trainguard, run_name, shards_claim, spec)
-    report = json.loads(_exec(cluster, pod["metadata"]["name"], "trainer", FORGE))
+    report = json.loads(exec_python(cluster, pod["metadata"]["name"], "trainer", FORGE))
     assert report["tokens"] == 0, report  # nothing in its mounts, env, or others' /proc
     # The agent's /proc entries and root are refused (another user, and non-dumpable).
     assert report["refused"].get("PermissionError", 0) >= 2, report
@@ -400,26 +291,13 @@ def test_a_trainer_forging_a_verdict_finds_no_credentials_and_changes_nothing(
     # A few agent intervals later: the run's own agent still reports, nothing excluded or tainted.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        status = _status(cluster, run_name)
+        status = run_status(cluster, run_name)
         assert status.get("verdict") == "Healthy", status
         assert not status.get("excludedNodes"), status
         assert _taint(cluster, node.name) is None
         time.sleep(1)
-    assert [p["metadata"]["name"] for p in _pods(cluster, run_name)] == [pod["metadata"]["name"]]
+    assert [p["metadata"]["name"] for p in run_pods(cluster, run_name)] == [pod["metadata"]["name"]]
     print(f"forged verdict from the trainer: {report}")
-
-
-def _s3_secret(server: SeaweedFS) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": SECRET, "namespace": RUNS_NAMESPACE},
-        "stringData": {
-            SECRET_KEY_S3_ACCESS_KEY_ID: S3_ACCESS_KEY,
-            SECRET_KEY_S3_SECRET_ACCESS_KEY: S3_SECRET_KEY,
-            SECRET_KEY_S3_ENDPOINT_URL: server.endpoint,
-        },
-    }
 
 
 # ----- the run leaves its node: ghost VRAM, node loss; and suspend ------------------------
@@ -433,7 +311,7 @@ def _s3_run_spec(bucket: str, run_name: str, **layer: Any) -> dict[str, Any]:
                 {
                     "name": "s3",
                     "uri": f"s3://{bucket}/{run_name}",
-                    "credentialsSecret": {"name": SECRET},
+                    "credentialsSecret": {"name": S3_SECRET},
                     **layer,
                 }
             ],
@@ -441,19 +319,6 @@ def _s3_run_spec(bucket: str, run_name: str, **layer: Any) -> dict[str, Any]:
         "monitor": {"startupGraceSeconds": 5, "ghostMemory": {"releaseTimeoutSeconds": 3}},
         "recovery": {"backoff": {"initialSeconds": 1, "maxSeconds": 10}},
     }
-
-
-def _bucket(server: SeaweedFS, cluster: Cluster) -> str:
-    bucket = f"tg-{uuid.uuid4().hex[:12]}"
-    server.client().create_bucket(Bucket=bucket)
-    apply_in_runs(cluster, _s3_secret(server))
-    return bucket
-
-
-def _shipped(cluster: Cluster, run_name: str) -> int | None:
-    layers = {c["layer"]: c for c in _status(cluster, run_name).get("checkpoints", [])}
-    s3 = layers.get("s3", {})
-    return s3.get("step") if s3.get("verified") and s3.get("step") else None
 
 
 def _s3_steps(server: SeaweedFS, bucket: str, run_name: str) -> set[int]:
@@ -486,19 +351,19 @@ def _moved_and_restored(
     """Attempt 2 on another real node, restored from S3 at or past `shipped`, training on."""
     cluster = trainguard.cluster
     second = eventually(
-        lambda: _bound(cluster, run_name, 2), timeout=120, what="attempt 2 bound to a node"
+        lambda: bound_pod(cluster, run_name, 2), timeout=120, what="attempt 2 bound to a node"
     )
     node_b = second["spec"]["nodeName"]
     assert node_b != node_a
     cluster.real_nodes.node(node_b)  # a real node
-    state_b = _state(trainguard, second)
+    state_b = pod_state(trainguard, second)
     restored = eventually(
         lambda: read_json(state_b / RESTORE_FILENAME), timeout=120, what="attempt 2 restored"
     )
     assert restored["from_layer"] == "s3", restored
     assert restored["step"] >= shipped, (restored, shipped)
     eventually(
-        lambda: ((_beat(state_b) or {}).get("step") or 0) > restored["step"],
+        lambda: ((heartbeat(state_b) or {}).get("step") or 0) > restored["step"],
         timeout=180,
         what="training on the new node past the restored step",
     )
@@ -509,27 +374,27 @@ def test_ghost_vram_taints_the_node_and_the_run_moves_restoring_from_s3(
     trainguard: Trainguard, shards_claim: str, run_name: str, real_s3: SeaweedFS
 ) -> None:
     cluster = trainguard.cluster
-    bucket = _bucket(real_s3, cluster)
+    bucket = s3_bucket(real_s3, cluster)
     pod, node, state = _training(trainguard, run_name, shards_claim, _s3_run_spec(bucket, run_name))
     node_a = node.name
     try:
         shipped = eventually(
-            lambda: _shipped(cluster, run_name), timeout=180, what="a checkpoint verified on S3"
+            lambda: shipped_step(cluster, run_name), timeout=180, what="a checkpoint verified on S3"
         )
-        before = _beat(state)
+        before = heartbeat(state)
         assert before is not None
         # The node's (simulated) GPU keeps memory no process accounts for, and the trainer dies.
         node.gpusim_state.write_text(json.dumps({"ghost_mib": GHOST_MIB}))
-        _exec(
+        exec_python(
             cluster, pod["metadata"]["name"], "trainer", f"import os; os.kill({before['pid']}, 9)"
         )
         cause = eventually(lambda: _taint(cluster, node_a), timeout=90, what=f"{node_a} tainted")
         assert cause == Reason.GPU_MEMORY_NOT_RELEASED.value, cause
-        status = _status(cluster, run_name)
+        status = run_status(cluster, run_name)
         assert {e["node"]: e["reason"] for e in status["excludedNodes"]} == {node_a: cause}
         assert status["lastFailure"]["cause"] == cause
         node_b, restored = _moved_and_restored(trainguard, run_name, node_a, shipped)
-        placed = {p["spec"].get("nodeName") for p in _pods(cluster, run_name)}
+        placed = {p["spec"].get("nodeName") for p in run_pods(cluster, run_name)}
         assert node_a not in placed - {pod["spec"]["nodeName"]}
         # Tainted on the operator's own evidence: its check pod on A found the memory too.
         described = cluster.kubectl("describe", "node", node_a).stdout
@@ -568,13 +433,13 @@ def test_node_loss_moves_the_run_and_restores_from_s3(
     trainguard: Trainguard, shards_claim: str, run_name: str, real_s3: SeaweedFS
 ) -> None:
     cluster = trainguard.cluster
-    bucket = _bucket(real_s3, cluster)
+    bucket = s3_bucket(real_s3, cluster)
     lost, _state_a = _training_off_the_operators_node(
         trainguard, run_name, shards_claim, _s3_run_spec(bucket, run_name)
     )
     try:
         shipped = eventually(
-            lambda: _shipped(cluster, run_name), timeout=180, what="a checkpoint verified on S3"
+            lambda: shipped_step(cluster, run_name), timeout=180, what="a checkpoint verified on S3"
         )
         lost_at = time.monotonic()
         cluster.real_nodes.stop_node(lost)  # kubelet, kube-proxy, runtime and containers
@@ -591,26 +456,12 @@ def test_node_loss_moves_the_run_and_restores_from_s3(
         _untaint(cluster, lost)
 
 
-def _s3_checkpoints(server: SeaweedFS, bucket: str, run_name: str) -> set[CheckpointRef]:
-    """Complete checkpoints in the bucket, with the attempt that shipped each."""
-    prefix = f"{run_name}/"
-    found = set()
-    for page in (
-        server.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-    ):
-        for item in page.get("Contents", []):
-            parsed = parse_key(item["Key"][len(prefix) :])
-            if parsed is not None and parsed[1] == MANIFEST_FILENAME:
-                found.add(parsed[0])
-    return found
-
-
 def test_a_partitioned_attempt_is_fenced_and_its_later_uploads_are_ignored(
     trainguard: Trainguard, shards_claim: str, run_name: str, real_s3: SeaweedFS
 ) -> None:
     """Partition: the node NotReady, its trainer and agent running on and shipping to S3."""
     cluster = trainguard.cluster
-    bucket = _bucket(real_s3, cluster)
+    bucket = s3_bucket(real_s3, cluster)
     cut, state_a = _training_off_the_operators_node(
         trainguard, run_name, shards_claim, _s3_run_spec(bucket, run_name)
     )
@@ -619,34 +470,34 @@ def test_a_partitioned_attempt_is_fenced_and_its_later_uploads_are_ignored(
     ]
     first = Origin(uid, 1)
     try:
-        eventually(lambda: _shipped(cluster, run_name), timeout=180, what="a checkpoint on S3")
+        eventually(lambda: shipped_step(cluster, run_name), timeout=180, what="a checkpoint on S3")
         cluster.real_nodes.partition(cut)
         fence = eventually(
-            lambda: next(iter(_status(cluster, run_name).get("fences") or []), None),
+            lambda: next(iter(run_status(cluster, run_name).get("fences") or []), None),
             timeout=180,
             what="attempt 1 fenced",
-            detail=lambda: json.dumps(_status(cluster, run_name))[:2000],
+            detail=lambda: json.dumps(run_status(cluster, run_name))[:2000],
         )
         assert fence["attempt"] == 1 and fence["step"] > 0, fence
         fenced_at = fence["step"]
         # The zombie trains on and ships past its fence, under its own attempt's keys.
         eventually(
             lambda: any(r.origin == first and r.step > fenced_at for r in
-                        _s3_checkpoints(real_s3, bucket, run_name)),
+                        s3_checkpoints(real_s3, bucket, run_name)),
             timeout=120,
             what="attempt 1 shipping past its fence while partitioned",
         )  # fmt: skip
-        assert ((_beat(state_a) or {}).get("step") or 0) > fenced_at  # it still trains
+        assert ((heartbeat(state_a) or {}).get("step") or 0) > fenced_at  # it still trains
         node_b, restored = _moved_and_restored(trainguard, run_name, cut, fenced_at)
         # The new attempt resumed from the fence, the newest step of the current lineage.
         assert restored["step"] == fenced_at, (restored, fence)
         assert restored["origin"] == str(first), restored
         ignored = [line for line in restored["fenced"] if str(first) in line]
         assert ignored and all("shipped after attempt 1 was superseded" in i for i in ignored)
-        reasons = {e["reason"]: e for e in _events(cluster, run_name)}
+        reasons = {e["reason"]: e for e in run_events(cluster, run_name)}
         assert "AttemptFenced" in reasons, sorted(reasons)
         warning = eventually(
-            lambda: {e["reason"]: e for e in _events(cluster, run_name)}.get(
+            lambda: {e["reason"]: e for e in run_events(cluster, run_name)}.get(
                 "FencedCheckpointsIgnored"
             ),
             timeout=60,
@@ -655,12 +506,12 @@ def test_a_partitioned_attempt_is_fenced_and_its_later_uploads_are_ignored(
         assert warning["type"] == "Warning" and str(first) in warning["message"], warning
         # Attempt 2 ships and prunes (keep 2) in its lineage: the zombie's uploads stay.
         eventually(
-            lambda: len([r for r in _s3_checkpoints(real_s3, bucket, run_name)
+            lambda: len([r for r in s3_checkpoints(real_s3, bucket, run_name)
                          if r.origin == Origin(uid, 2)]) >= 2,
             timeout=180,
             what="attempt 2 shipping",
         )  # fmt: skip
-        zombie = {r.step for r in _s3_checkpoints(real_s3, bucket, run_name) if r.origin == first}
+        zombie = {r.step for r in s3_checkpoints(real_s3, bucket, run_name) if r.origin == first}
         assert fenced_at in zombie and max(zombie) > fenced_at, (sorted(zombie), fenced_at)
         print(
             f"partition of {cut}: attempt 1 fenced at step {fenced_at}, zombie shipped up to "
@@ -676,15 +527,15 @@ def test_suspend_ships_the_newest_l1_checkpoint_before_the_pod_is_gone(
     trainguard: Trainguard, shards_claim: str, run_name: str, real_s3: SeaweedFS
 ) -> None:
     cluster = trainguard.cluster
-    bucket = _bucket(real_s3, cluster)
+    bucket = s3_bucket(real_s3, cluster)
     # The layer ships rarely, so the newest L1 checkpoint reaches S3 only by the flush on stop.
     spec = _s3_run_spec(bucket, run_name, everySteps=100_000)
     _pod, _node, state = _training(trainguard, run_name, shards_claim, spec)
     first = eventually(
-        lambda: _shipped(cluster, run_name), timeout=180, what="the first checkpoint on S3"
+        lambda: shipped_step(cluster, run_name), timeout=180, what="the first checkpoint on S3"
     )
     eventually(
-        lambda: (_beat(state) or {}).get("last_checkpoint_step", 0) > first,
+        lambda: (heartbeat(state) or {}).get("last_checkpoint_step", 0) > first,
         timeout=120,
         what="a newer checkpoint in L1 only",
     )
@@ -696,15 +547,15 @@ def test_suspend_ships_the_newest_l1_checkpoint_before_the_pod_is_gone(
 
     def gone() -> bool:
         nonlocal newest
-        beat = _beat(state)
+        beat = heartbeat(state)
         if beat:
             newest = max(newest, beat.get("last_checkpoint_step") or 0)
-        return not _pods(cluster, run_name)
+        return not run_pods(cluster, run_name)
 
     eventually(gone, timeout=120, what="the pod gone after suspend")
     assert newest > first
     on_s3 = _s3_steps(real_s3, bucket, run_name)
     assert max(on_s3) >= newest, (sorted(on_s3), newest)
     eventually(
-        lambda: _status(cluster, run_name).get("phase") == "Suspended", what="Suspended phase"
+        lambda: run_status(cluster, run_name).get("phase") == "Suspended", what="Suspended phase"
     )

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from trainguard import gpu
-from trainguard_dev.cluster.gpusim_runtime import container_gpus, visible_devices
+from trainguard_dev.cluster.gpusim_runtime import add_env, container_gpus, node_env, visible_devices
 
 pytestmark = pytest.mark.unit
 
@@ -126,6 +126,20 @@ def test_a_container_asking_for_four_gpus_is_simulated_with_four(tmp_path: Path)
     snap = gpu.default_probe(environ=environ, live_processes=lambda: [10.0]).read()
     assert [g.uuid for g in snap.gpus] == gpu.simulated_uuids(4)
     assert container_gpus({"resources": {}}) == 0
+
+
+def test_a_real_nodes_environment_is_set_over_the_containers_own(tmp_path: Path) -> None:
+    # As a real node's runtime sets up every container of its pods (instance credentials).
+    assert node_env(tmp_path / "env.json") == []  # a node without one
+    (tmp_path / "env.json").write_text(
+        json.dumps({"AWS_ACCESS_KEY_ID": "node", "HF_ENDPOINT": "h"})
+    )
+    spec = {"process": {"env": ["PATH=/bin", "AWS_ACCESS_KEY_ID=image"]}}
+    add_env(spec, node_env(tmp_path / "env.json"))
+    assert spec["process"]["env"] == ["PATH=/bin", "AWS_ACCESS_KEY_ID=node", "HF_ENDPOINT=h"]
+    (tmp_path / "env.json").write_text(json.dumps({"PORT": 9}))
+    with pytest.raises(ValueError, match="not an object of strings"):
+        node_env(tmp_path / "env.json")
 
 
 class FakeNvml(types.ModuleType):

@@ -15,6 +15,12 @@ container requests or is limited to ``nvidia.com/gpu`` > 0, the spec gains:
 - ``NVIDIA_VISIBLE_DEVICES`` listing the simulated GPUs' UUIDs, one per GPU requested: the
   probe simulates that many GPUs.
 
+Every container of a pod (GPU or not) also gains the node's environment, when the node has one
+(`ENV_FILENAME` beside the node's files, a JSON object of names and values, written by tests
+and removed after): what a cloud gives every pod on its nodes (instance credentials and their
+endpoints, as a pod-identity agent or webhook does), as a process-backed node's file of the same
+name gives its processes.
+
 Never part of the product or the chart: it exists so that GPU scenarios run on real kubelets.
 Usage (by the shim): ``python -m trainguard_dev.cluster.gpusim_runtime CONFIG RUNC-ARGS...``.
 """
@@ -35,6 +41,7 @@ from trainguard.gpu import VISIBLE_DEVICES_ENV, simulated_uuids
 
 GPU_RESOURCE = "nvidia.com/gpu"
 STATE_FILENAME = "gpu-sim.json"
+ENV_FILENAME = "env.json"
 CONTAINER_DIR = "/run/trainguard-gpusim"
 ANNOTATION_TYPE = "io.kubernetes.cri.container-type"
 ANNOTATION_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
@@ -107,6 +114,27 @@ def inject(spec: dict[str, Any], state_dir: Path, gpus: int) -> None:
     )
 
 
+def node_env(path: Path) -> list[str]:
+    """The node's environment (``NAME=value`` entries) from its JSON file; none without one."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return []
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise ValueError(f"{path}: not an object of strings")
+    return [f"{name}={value}" for name, value in data.items()]
+
+
+def add_env(spec: dict[str, Any], entries: list[str]) -> None:
+    """Set `entries` (``NAME=value``) in the container's environment, over what it had."""
+    names = {entry.split("=", 1)[0] for entry in entries}
+    process = spec.setdefault("process", {})
+    kept = [e for e in process.get("env", []) if e.split("=", 1)[0] not in names]
+    process["env"] = kept + entries
+
+
 def fetch_pod(config: dict[str, str], namespace: str, name: str) -> dict[str, Any]:
     """GET the pod from the apiserver with the node's credentials."""
     context = ssl.create_default_context(cafile=config["ca"])
@@ -120,17 +148,21 @@ def fetch_pod(config: dict[str, str], namespace: str, name: str) -> dict[str, An
 
 
 def prepare(config: dict[str, str], bundle: Path) -> None:
-    """Edit the bundle's spec when its container is a GPU container of a pod."""
+    """Edit the bundle's spec when it is a container of a pod: the node's env, the GPUs."""
     spec_path = bundle / "config.json"
     spec: dict[str, Any] = json.loads(spec_path.read_text())
     annotations = spec.get("annotations", {})
     if annotations.get(ANNOTATION_TYPE) != "container":
         return  # a pod sandbox (pause) or not a CRI container at all
+    # A node started before nodes had an environment has no such entry.
+    environment = node_env(Path(config["env_file"])) if "env_file" in config else []
+    add_env(spec, environment)
     pod = fetch_pod(config, annotations[ANNOTATION_NAMESPACE], annotations[ANNOTATION_POD])
     gpus = gpus_requested(pod, annotations[ANNOTATION_CONTAINER])
-    if gpus <= 0:
+    if gpus > 0:
+        inject(spec, Path(config["state_dir"]), gpus)
+    elif not environment:
         return
-    inject(spec, Path(config["state_dir"]), gpus)
     tmp = spec_path.with_name(".config.json.gpusim")
     tmp.write_text(json.dumps(spec))
     tmp.replace(spec_path)

@@ -72,6 +72,9 @@ from typing import Any
 
 from trainguard.contract.env import GPU_SIMULATION, TERMINATION_LOG
 from trainguard.gpu import VISIBLE_DEVICES_ENV
+from trainguard_dev.cluster.gpusim_runtime import (
+    ENV_FILENAME as ENV_FILENAME,  # a real node's environment file: the same name
+)
 from trainguard_dev.cluster.gpusim_runtime import container_gpus, visible_devices
 from trainguard_dev.cluster.pki import Pki
 from trainguard_dev.cluster.rest import ApiError, Rest
@@ -80,7 +83,6 @@ PROCESS_NODE_LABEL = "trainguard.dev/process-backed"
 GPU_SIMULATION_ENV = GPU_SIMULATION
 GPU_SIM_FILENAME = "gpu-sim.json"
 DOWN_FILENAME = "down"
-ENV_FILENAME = "env.json"
 PYTHONPATH_ENV = "PYTHONPATH"
 TERMINATION_LOG_ENV = TERMINATION_LOG
 TERMINATION_MESSAGE_LIMIT = 4096  # bytes a kubelet keeps of a termination message

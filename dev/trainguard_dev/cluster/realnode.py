@@ -13,6 +13,8 @@ Node ``real-node-<i>`` lives in ``<cluster>/realnodes/real-node-<i>/``:
   same CA for the node IP, so the apiserver verifies kubelets (``--kubelet-certificate-authority``);
 - ``gpusim/``: the node's GPU simulator state (``gpu-sim.json``), bind-mounted into GPU containers
   (see `trainguard_dev.cluster.gpusim_runtime`); write ``ghost_mib`` there to inject ghost memory;
+- ``env.json``: the node's environment, set in every container of its pods when present (what a
+  cloud gives pods: instance credentials and endpoints; see `gpusim_runtime`);
 - ``kube-proxy/``: its config (iptables mode, so pods reach Services such as ``kubernetes``).
 
 Each node's cgroups live under its own ``cgroupRoot`` (``/trainguard-<hash>-<name>``) in every
@@ -102,6 +104,9 @@ int main(void) {
 }
 """
 READY_POLL_SECONDS = 0.3
+# An image import may take this long, plus its archive's size at the rate below.
+IMPORT_TIMEOUT_S = 120.0
+IMPORT_MIN_BYTES_PER_S = 10 * 2**20
 STOP_GRACE_SECONDS = 10.0
 
 
@@ -240,6 +245,11 @@ class RealNode:
         """The node's simulated GPU state file (JSON read by the simulated GPU probe)."""
         return self.gpusim_dir / gpusim_runtime.STATE_FILENAME
 
+    @property
+    def env_file(self) -> Path:
+        """The node's environment, given to every container of its pods (tests write it)."""
+        return self.root / gpusim_runtime.ENV_FILENAME
+
     def ctr(self, *args: str, timeout: float = 120.0) -> str:
         """Run ``ctr`` against this node's containerd in the CRI namespace."""
         return _run(
@@ -260,10 +270,12 @@ def import_image(node: RealNode, tar_path: Path, ref: str) -> None:
     repository = name if name and "/" not in tag else ref
     tags = [n for n in _archive_names(tar_path) if "/" not in n and ":" not in n]
     pin = ("--label", "io.cri-containerd.pinned=pinned")
+    # The trainer image is gigabytes: unpacking it on a busy machine takes minutes.
+    timeout = IMPORT_TIMEOUT_S + tar_path.stat().st_size / IMPORT_MIN_BYTES_PER_S
     if not tags:
-        node.ctr("images", "import", *pin, "--index-name", ref, str(tar_path))
+        node.ctr("images", "import", *pin, "--index-name", ref, str(tar_path), timeout=timeout)
         return
-    node.ctr("images", "import", *pin, "--base-name", repository, str(tar_path))
+    node.ctr("images", "import", *pin, "--base-name", repository, str(tar_path), timeout=timeout)
     if f"{repository}:{tags[0]}" != ref:
         node.ctr("images", "tag", "--force", f"{repository}:{tags[0]}", ref)
         node.ctr("images", "label", ref, "io.cri-containerd.pinned=pinned")
@@ -544,6 +556,7 @@ class RealNodes:
             "cert": str(cert),
             "key": str(key),
             "state_dir": str(node.gpusim_dir),
+            "env_file": str(node.env_file),
         }
         conf_path = node.root / "runtime" / "gpusim.json"
         conf_path.write_text(json.dumps(config, indent=2))

@@ -2,7 +2,8 @@
 
 SeaweedFS (an S3-compatible server: master, volume, filer and S3 gateway in one `weed server`)
 and OpenSSH's sshd, both installed by `hack/install-test-services.sh`. Each runs as a child
-process on free loopback ports with its data in a directory the caller owns.
+process on free ports of loopback (or of an address of this machine that pods on real nodes
+reach) with its data in a directory the caller owns.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from trainguard.api.constants import (
+    SECRET_KEY_S3_ACCESS_KEY_ID,
+    SECRET_KEY_S3_ENDPOINT_URL,
+    SECRET_KEY_S3_SECRET_ACCESS_KEY,
+)
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import stop_process
 
@@ -136,6 +142,14 @@ class SeaweedFS:
         """SIGKILL, as a crash would."""
         stop_process(self.process, sig=signal.SIGKILL)
 
+    def secret_data(self) -> dict[str, str]:
+        """A Secret's keys for an s3:// source or layer here: the test identity, the endpoint."""
+        return {
+            SECRET_KEY_S3_ACCESS_KEY_ID: S3_ACCESS_KEY,
+            SECRET_KEY_S3_SECRET_ACCESS_KEY: S3_SECRET_KEY,
+            SECRET_KEY_S3_ENDPOINT_URL: self.endpoint,
+        }
+
     def client(self) -> Any:
         """A boto3 client with the test identity (for setup and for tampering)."""
         return boto3.client(
@@ -154,7 +168,7 @@ class SeaweedFS:
 
 @dataclass
 class Sshd:
-    """OpenSSH's sshd on loopback with generated host and client keys."""
+    """OpenSSH's sshd on `host` (loopback by default) with generated host and client keys."""
 
     root: Path
     port: int
@@ -162,6 +176,7 @@ class Sshd:
     client_key: Path
     known_hosts: Path
     user: str
+    host: str = "127.0.0.1"
 
     def drop_connections(self) -> int:
         """Kill every session process of this sshd (a dropped connection); return how many."""
@@ -203,11 +218,14 @@ def in_mount_namespace(argv: list[str], mounts: Mapping[str, Path]) -> list[str]
     return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
 
 
-def start_sshd(root: Path, mounts: Mapping[str, Path] | None = None) -> Sshd:
-    """Start sshd on a free loopback port, with host and client keys generated under `root`.
+def start_sshd(
+    root: Path, mounts: Mapping[str, Path] | None = None, host: str = "127.0.0.1"
+) -> Sshd:
+    """Start sshd on a free port of `host`, with host and client keys generated under `root`.
 
     `mounts`: paths its sessions see as other directories (`in_mount_namespace`), e.g.
-    ``{"/srv": root / "srv"}``.
+    ``{"/srv": root / "srv"}``. `host` is an address of this machine (for pods on real
+    nodes: the host's address on the cluster's pod network); `known_hosts` names it.
     """
     host_key, client_key = root / "host_ed25519", root / "client_ed25519"
     _keygen(host_key)
@@ -220,7 +238,7 @@ def start_sshd(root: Path, mounts: Mapping[str, Path] | None = None) -> Sshd:
         "\n".join(
             [
                 f"Port {port}",
-                "ListenAddress 127.0.0.1",
+                f"ListenAddress {host}",
                 f"HostKey {host_key}",
                 f"AuthorizedKeysFile {authorized}",
                 f"PidFile {root / 'sshd.pid'}",
@@ -246,12 +264,12 @@ def start_sshd(root: Path, mounts: Mapping[str, Path] | None = None) -> Sshd:
     process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     host_pub = Path(f"{host_key}.pub").read_text().split()
     known_hosts = root / "known_hosts"
-    known_hosts.write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
+    known_hosts.write_text(f"[{host}]:{port} {host_pub[0]} {host_pub[1]}\n")
 
     def greets() -> bool:
         with (
             contextlib.suppress(OSError),
-            socket.create_connection(("127.0.0.1", port), timeout=1) as conn,
+            socket.create_connection((host, port), timeout=1) as conn,
         ):
             if conn.recv(4).startswith(b"SSH-"):
                 return True
@@ -265,4 +283,4 @@ def start_sshd(root: Path, mounts: Mapping[str, Path] | None = None) -> Sshd:
         tail = (root / "sshd.log").read_text()[-3000:]
         raise RuntimeError(f"sshd did not start ({err}):\n{tail}") from None
     user = pwd.getpwuid(os.getuid()).pw_name
-    return Sshd(root, port, process, client_key, known_hosts, user)
+    return Sshd(root, port, process, client_key, known_hosts, user, host)

@@ -64,6 +64,8 @@ from trainguard.layers.lineage import (
 )
 
 FINGERPRINTS_FILENAME = "FINGERPRINTS.json"
+# A file whose server fingerprint differs from the one recorded at its upload.
+CHANGED_ON_LAYER = "changed on the layer since it was uploaded"
 # Large enough to keep a network stream busy, small enough to report progress often.
 CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -236,8 +238,7 @@ class RemoteLayer:
                     size = f"size {stat[0]} != {entry.size} in the manifest"
                     problems.append(Problem(entry.path, size))
                 elif raw is not None and recorded.get(keys[entry.path]) != stat[1]:
-                    changed = "changed on the layer since it was uploaded"
-                    problems.append(Problem(entry.path, changed))
+                    problems.append(Problem(entry.path, CHANGED_ON_LAYER))
         if not problems:
             self._verified.add(ref)
         return problems
