@@ -5,6 +5,9 @@
 #   - containerd, containerd-shim-runc-v2 and ctr, from the module pinned in
 #     hack/tools/containerd (containerd 2: Kubernetes 1.35 was the last to support 1.x);
 #   - runc, from the module pinned in hack/tools/runc (cgo and libseccomp: runc's nsenter is C);
+#   - CoreDNS, the cluster DNS of the real nodes (pods find a gang's members by their stable
+#     names), from the module pinned in hack/tools/coredns: about 9 minutes cold on two busy
+#     cores, the largest build here;
 #   - from Debian's packages: the CNI plugins (containernetworking-plugins, in /usr/lib/cni),
 #     umoci (unpacks OCI image layouts into root filesystems), and the headers runc's build needs.
 # Binaries go into the same cache as the control plane's, keyed by version:
@@ -24,10 +27,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib/gobuild.sh"
 KUBE_VERSION=v1.36.3
 CONTAINERD_VERSION=v2.4.2
 RUNC_VERSION=v1.5.3
+COREDNS_VERSION=v1.15.0
 
 require_module kubernetes k8s.io/kubernetes "$KUBE_VERSION"
 require_module containerd github.com/containerd/containerd/v2 "$CONTAINERD_VERSION"
 require_module runc github.com/opencontainers/runc "$RUNC_VERSION"
+require_module coredns github.com/coredns/coredns "$COREDNS_VERSION"
 
 # Debian packages. runc's headers are only needed while runc is still to be built.
 packages=(containernetworking-plugins umoci)
@@ -76,5 +81,8 @@ CGO_ENABLED=0 build ctr "$CONTAINERD_VERSION" containerd "$ctrd/cmd/ctr" "$ctrd_
 # have libpathrs, a Rust library Debian 12 does not package: without it runc uses its Go code
 # for the same path checks. The version comes from runc's embedded VERSION file.
 CGO_ENABLED=1 build runc "$RUNC_VERSION" runc github.com/opencontainers/runc seccomp,urfave_cli_no_docs
+
+# CoreDNS with its stock plugins (the real nodes use `kubernetes`, `errors` and `bind`).
+CGO_ENABLED=0 build coredns "$COREDNS_VERSION" coredns github.com/coredns/coredns ""
 
 echo "$bin"

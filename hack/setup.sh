@@ -2,7 +2,8 @@
 # Sets up everything trainguard's demo and tests need on a fresh machine, reusing what is
 # already there: a virtualenv in .venv with the project (operator, dev and trainer extras) and the
 # control-plane binaries built from the pinned Go modules (hack/build-control-plane.sh), and what
-# real nodes run (hack/build-node.sh: kubelet, kube-proxy, containerd, runc, the CNI plugins).
+# real nodes run (hack/build-node.sh: kubelet, kube-proxy, containerd, runc, the CNI plugins,
+# CoreDNS).
 # The development tools (dev/: local control plane, demo, test helpers) are a distribution
 # of their own, installed from the checkout beside the product; the product never ships them.
 set -euo pipefail
@@ -42,7 +43,8 @@ bash hack/build-luahealth.sh >/dev/null
 bash hack/build-prometheus-tools.sh >/dev/null
 bash hack/install-test-services.sh >/dev/null
 # What real nodes run: the default test command runs scenarios on them (tests/realnodes).
-# About 2 minutes cold once the control plane is built, under a second warm.
+# About 2 minutes cold once the control plane is built (plus CoreDNS, up to 9 minutes), under a
+# second warm.
 bash hack/build-node.sh >/dev/null
 # The project's own images (hack/build-images.sh: BuildKit, local bases from Debian's packages
 # and PyPI's torch), which the real-node tests run: about 6 minutes on a fresh cache, most of it

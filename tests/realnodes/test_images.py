@@ -23,6 +23,17 @@ def test_operator_image_runs_the_operator_as_its_user() -> None:
 
     out = images.run_in_image(image, ["trainguard", "operator", "--help"])
     assert "usage:" in out.lower() and "operator" in out
+    # The user has a name: an ssh:// layer's OpenSSH config lookup (paramiko) asks for it.
+    script = (
+        "import getpass, os, paramiko; "
+        "print(os.getuid(), getpass.getuser(), "
+        "paramiko.SSHConfig.from_text('Host b\\n  Port 2222').lookup('b')['port'])"
+    )
+    assert images.run_in_image(image, ["python", "-c", script]).split() == [
+        "65532",
+        "trainguard",
+        "2222",
+    ]
 
 
 @pytest.mark.timeout(2400)

@@ -143,6 +143,52 @@ def test_pods_reach_the_apiserver_through_the_kubernetes_service(
         assert "host=10.96.0.1" in out
 
 
+def test_pods_on_two_nodes_find_each_other_by_their_headless_service_names(
+    real_cluster: RealCluster, namespace: str
+) -> None:
+    """The names a gang's members use: `<hostname>.<subdomain>`, from the cluster's DNS.
+
+    Member 0 serves on a port; member 1, on the other node, reaches it by its stable name
+    (the search path completes `<namespace>.svc.cluster.local`), and a name that no pod
+    holds does not resolve.
+    """
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "gang"},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"gang": "g"},
+            # Names exist from scheduling on, not from readiness: members find each other
+            # while they start, as a rendezvous needs.
+            "publishNotReadyAddresses": True,
+        },
+    }
+    real_cluster.cluster.kubectl(
+        "-n", namespace, "create", "-f", "-", input=json.dumps(service)
+    )  # fmt: skip
+    serve = 'while true; do echo "hello from member 0" | nc -l -p 8080; done'
+    reach = (
+        "until nc -w 2 member-0.gang 8080; do sleep 0.5; done; "
+        f"nslookup member-0.gang.{namespace}.svc.{realnode.CLUSTER_DOMAIN}; "
+        "nslookup member-9.gang || echo 'member-9: no such name'; echo done; sleep 3600"
+    )
+    pods = []
+    for index, (node, script) in enumerate(zip(NAMES, (serve, reach), strict=True)):
+        pod = _pod(real_cluster.image, f"member-{index}", node, script)
+        pod["metadata"]["labels"] = {"gang": "g"}
+        pod["spec"].update(hostname=f"member-{index}", subdomain="gang", dnsPolicy="ClusterFirst")
+        pods.append(pod)
+    _run_pods(real_cluster, namespace, pods)
+    out = _logs(real_cluster, namespace, "member-1", "done")
+    assert "hello from member 0" in out
+    member0 = json.loads(
+        real_cluster.cluster.kubectl("-n", namespace, "get", "pod", "member-0", "-o", "json").stdout
+    )
+    assert member0["status"]["podIP"] in out  # the name's address is member 0's
+    assert "member-9: no such name" in out
+
+
 @pytest.mark.removes_real_nodes
 @pytest.mark.timeout(240)
 def test_down_leaves_the_host_as_it_was_and_up_again(real_cluster: RealCluster) -> None:

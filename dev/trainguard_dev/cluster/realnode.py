@@ -17,6 +17,9 @@ Node ``real-node-<i>`` lives in ``<cluster>/realnodes/real-node-<i>/``:
   cloud gives pods: instance credentials and endpoints; see `gpusim_runtime`);
 - ``kube-proxy/``: its config (iptables mode, so pods reach Services such as ``kubernetes``).
 
+The cluster's DNS (CoreDNS, config in ``realnodes/dns/``) runs once for all real nodes on
+real-node-0's gateway; every kubelet names it as the cluster DNS (see `CLUSTER_DOMAIN`).
+
 Each node's cgroups live under its own ``cgroupRoot`` (``/trainguard-<hash>-<name>``) in every
 hierarchy. The host changes that `down` reverts are recorded in ``realnodes/host.json`` before they
 are made (prior ``ip_forward`` and other sysctls, directories created outside the cluster root,
@@ -34,6 +37,8 @@ import os
 import shlex
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tarfile
@@ -54,6 +59,15 @@ NODE_PREFIX = "real-node-"
 SERVICE_CIDR = "10.96.0.0/16"  # the control plane's --service-cluster-ip-range
 NODE_KIND_LABEL = "trainguard.dev/node-kind"
 NODE_KIND_REAL = "real"
+# The cluster's DNS: CoreDNS (hack/build-node.sh), one per cluster, on the host address every
+# pod reaches (`pod_reachable_host_ip`), serving Services and the pods of headless Services
+# (`<hostname>.<subdomain>.<namespace>.svc.cluster.local`) from the apiserver. Every real
+# node's kubelet names it as the cluster DNS, so pods with the default `ClusterFirst` policy
+# resolve the stable names a gang's members find each other by.
+CLUSTER_DOMAIN = "cluster.local"
+DNS_PORT = 53
+DNS_COMPONENT = "realnodes.dns"
+DNS_TTL_SECONDS = 5
 # Where every registry points on a real node: nothing listens there (see the containerd config).
 CLOSED_REGISTRY = "http://127.0.0.1:9"
 NAMESPACE = "k8s.io"  # the containerd namespace of the CRI plugin
@@ -87,6 +101,7 @@ SUBNET_OCTETS = range(200, 250)
 BUSYBOX_APPLETS = (
     "sh", "cat", "echo", "env", "ls", "sleep", "nc", "wget", "test", "grep", "printf", "id",
     "hostname", "ps", "kill", "true", "false", "head", "tail", "mkdir", "rm", "touch", "wc",
+    "nslookup",
 )  # fmt: skip
 PAUSE_C = r"""
 #include <signal.h>
@@ -397,6 +412,7 @@ class RealNodes:
         self.host_file.write_text(json.dumps(host, indent=2))
         pause_tar, pause_ref = pause_image()
         self._grant_node_roles()
+        self._ensure_dns()
         for name in names:
             node = self.node(name)
             if not self._running(node):
@@ -406,6 +422,44 @@ class RealNodes:
         for name in names:
             self._ensure_gpus(name, gpus, deadline)
         return names
+
+    def _ensure_dns(self) -> None:
+        """Start the cluster's DNS server unless it runs (see `CLUSTER_DOMAIN`)."""
+        from trainguard_dev.cluster.cluster import _pid_alive
+
+        pid = self.cluster._read_pid(DNS_COMPONENT)
+        if pid is not None and _pid_alive(pid):
+            return
+        address = self.pod_reachable_host_ip()
+        directory = self.root / "dns"
+        directory.mkdir(parents=True, exist_ok=True)
+        corefile = directory / "Corefile"
+        # Names outside the cluster's domain get no answer from here (REFUSED): this machine
+        # reaches nothing beyond itself, and a pod must fail such a lookup at once.
+        corefile.write_text(
+            f"""{CLUSTER_DOMAIN}:{DNS_PORT} {{
+    bind {address}
+    errors
+    kubernetes {CLUSTER_DOMAIN} {{
+        kubeconfig {self.cluster.kubeconfig}
+        ttl {DNS_TTL_SECONDS}
+    }}
+}}
+"""
+        )
+        self.cluster._spawn(
+            DNS_COMPONENT, [str(self.cluster.bin_dir / "coredns"), "-conf", str(corefile)]
+        )
+        deadline = time.monotonic() + 30
+        self.cluster._wait(DNS_COMPONENT, deadline, lambda: _answers_dns(address))
+
+    def _stop_dns(self) -> None:
+        from trainguard_dev.cluster.cluster import _terminate
+
+        pid = self.cluster._read_pid(DNS_COMPONENT)
+        if pid is not None:
+            _terminate(pid)
+        self.cluster._pid_path(DNS_COMPONENT).unlink(missing_ok=True)
 
     def _running(self, node: RealNode) -> bool:
         return all(self._alive(node, c) for c in ("containerd", "kubelet", "kube-proxy"))
@@ -669,6 +723,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
             "rotateCertificates": False,
             "serializeImagePulls": False,
             "shutdownGracePeriod": "0s",
+            "clusterDNS": [self.pod_reachable_host_ip()],
+            "clusterDomain": CLUSTER_DOMAIN,
         }
         (node.root / "kubelet" / "config.yaml").write_text(json.dumps(config, indent=2))
 
@@ -871,6 +927,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
         names = host.get("nodes", [])
         for name in names:
             self.stop_node(name)
+        self._stop_dns()
         for name in names:
             node = self.node(name)
             proxy = node.root / "kube-proxy" / "config.yaml"
@@ -898,6 +955,27 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
 
 
 # ----- host helpers ----------------------------------------------------------------------
+
+
+def _answers_dns(address: str) -> bool:
+    """Whether a DNS server on `address` answers a query for the cluster's apiserver Service."""
+    query = _dns_query(f"kubernetes.default.svc.{CLUSTER_DOMAIN}")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(0.5)
+        try:
+            sock.sendto(query, (address, DNS_PORT))
+            answer, _ = sock.recvfrom(512)
+        except OSError:
+            return False
+    # The answer's flags: a response (QR) with no error (RCODE 0) and at least one record.
+    return len(answer) >= 12 and bool(answer[2] & 0x80) and answer[3] & 0x0F == 0 and answer[7] > 0
+
+
+def _dns_query(name: str) -> bytes:
+    """A DNS query (RFC 1035) for the A record of `name`, recursion desired."""
+    header = struct.pack(">HHHHHH", 0x7467, 0x0100, 1, 0, 0, 0)
+    labels = b"".join(bytes([len(part)]) + part.encode() for part in name.split("."))
+    return header + labels + b"\0" + struct.pack(">HH", 1, 1)
 
 
 def _sysctl(key: str) -> str | None:
