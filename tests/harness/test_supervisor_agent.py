@@ -53,12 +53,16 @@ class Pod:
         self.pod = PodEnv.from_env(self.environ)
         self.supervisor: subprocess.Popen[bytes] | None = None
 
-    def supervise(self, *options: str) -> int:
-        """Start `trainguard supervise [options] -- python -c PLAIN_SCRIPT`; the script's PID."""
+    def supervise(self, *options: str, script: Path | None = None) -> int:
+        """Start `trainguard supervise [options] -- python -c PLAIN_SCRIPT`; the script's PID.
+
+        With `script`, `python <script>` instead: a command a warm standby can run.
+        """
         environ = {**os.environ, **self.environ, env.GPU_SIMULATION: str(self.sim)}
+        program = [str(script)] if script is not None else ["-c", PLAIN_SCRIPT]
         command = [
             sys.executable, "-m", "trainguard.cli.main", "supervise", *options,
-            "--", sys.executable, "-c", PLAIN_SCRIPT,
+            "--", sys.executable, *program,
         ]  # fmt: skip
         self.supervisor = subprocess.Popen(command, env=environ)
         return self.child()
@@ -236,3 +240,48 @@ def test_a_death_wakes_the_agent_at_once_not_at_its_next_look(pod: Pod) -> None:
     # far below the 10 s interval the agent would otherwise have slept through.
     assert seen_after < 2.0, seen_after
     assert ran < 5.0, ran
+
+
+def test_a_trainer_restarted_in_the_standby_is_not_mistaken_for_two_trainers(
+    pod: Pod, tmp_path: Path
+) -> None:
+    """The next standby waits beside the trainer the last one became: one trainer, Healthy.
+
+    The agent counts processes with the trainer's command line as duplicate trainers (a ghost
+    seen from the other side); a standby's command line carries its serial, so the waiting one
+    is not counted with the one it replaced.
+    """
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_SCRIPT)
+    first = pod.supervise("--backoff", "0.1", "--standby-delay", "0.2", script=script)
+    loop, api = pod.agent(hangAfterSeconds=2, slowAfterSeconds=1)
+    healthy_on_the_gpu(loop, api)
+
+    def standby_waiting() -> int | None:
+        return next((p for p in _pids_running("trainguard_harness.standby") if p != first), None)
+
+    taken = eventually(standby_waiting, 60, "a standby beside the first trainer", 0.1)
+    os.kill(first, signal.SIGKILL)
+    assert pod.child(other_than=first) == taken  # the restart took the standby
+    eventually(lambda: len(_pids_running("trainguard_harness.standby")) >= 2, 60,
+               "the next standby beside the restarted trainer", 0.1)  # fmt: skip
+    verdict_becomes(loop, "Healthy")
+    for _ in range(5):
+        assert loop.step().name == "Healthy", api.evidence()
+        assert loop.collector.pid == taken
+        time.sleep(0.2)
+
+
+def _pids_running(needle: str) -> list[int]:
+    """The processes whose command line contains `needle`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle.encode() in cmdline:
+            found.append(int(entry.name))
+    return found

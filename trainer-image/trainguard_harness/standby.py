@@ -77,11 +77,17 @@ def order_for(command: list[str]) -> Order | None:
 
 
 class Standby:
-    """One standby process, started now, taken at most once (see the module docstring)."""
+    """One standby process, started now, taken at most once (see the module docstring).
 
-    def __init__(self) -> None:
+    `serial` numbers the standbys of one supervisor and is on the standby's command line: the
+    agent counts processes with the trainer's command line as duplicate trainers
+    (`agent.signals.count_like`), and a trainer a standby became must not share its command
+    line with the next standby, waiting beside it.
+    """
+
+    def __init__(self, serial: int) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "trainguard_harness.standby"],
+            [sys.executable, "-m", "trainguard_harness.standby", str(serial)],
             stdin=subprocess.PIPE,
             start_new_session=True,
         )

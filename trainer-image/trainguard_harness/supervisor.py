@@ -275,6 +275,7 @@ class Supervisor:
         eligible = use_standby and procs_per_node == 1
         self.order = standby.order_for(command) if eligible else None
         self.standby: standby.Standby | None = None
+        self.standbys = 0  # standbys started: each one's serial (`standby.Standby`)
         self.standby_delay = standby_delay
         self.state_file = state_file
         self.kill_request_file = state_file.with_name(KILL_REQUEST_FILENAME)
@@ -388,7 +389,8 @@ class Supervisor:
         if self.order is None or self.standby is not None or self.terminating is not None:
             return
         try:
-            self.standby = standby.Standby()
+            self.standbys += 1
+            self.standby = standby.Standby(self.standbys)
         except OSError:
             self.order = None  # no standby can start here: every restart starts afresh
 

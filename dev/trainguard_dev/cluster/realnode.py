@@ -412,11 +412,12 @@ class RealNodes:
         self.host_file.write_text(json.dumps(host, indent=2))
         pause_tar, pause_ref = pause_image()
         self._grant_node_roles()
-        self._ensure_dns()
         for name in names:
             node = self.node(name)
             if not self._running(node):
                 self._start(node, pause_tar, pause_ref)
+        # On real-node-0's bridge, which its start made: before any pod needs a name.
+        self._ensure_dns()
         self._ensure_kubernetes_endpoints()
         self._wait_ready(names, deadline)
         for name in names:
