@@ -283,13 +283,7 @@ class CheckpointTransaction:
 
     def write_file(self, relpath: str, data: Buffer) -> FileEntry:
         """Create, write and close a file in one call."""
-        writer = self.create(relpath)
-        try:
-            writer.write(data)
-        except BaseException:
-            writer.discard()
-            raise
-        return writer.close()
+        return _write_whole(self.create(relpath), data)
 
     def create_as(self, entry: FileEntry) -> HashedFileWriter:
         """Create the file `entry` names, in its rank's shard where it has a rank.
@@ -490,13 +484,7 @@ class ShardWriter:
 
     def write_file(self, relpath: str, data: Buffer) -> FileEntry:
         """Create, write and close a file in one call."""
-        writer = self.create(relpath)
-        try:
-            writer.write(data)
-        except BaseException:
-            writer.discard()
-            raise
-        return writer.close()
+        return _write_whole(self.create(relpath), data)
 
     def _record(self, entry: FileEntry) -> None:
         with self._lock:
@@ -513,3 +501,13 @@ class ShardWriter:
             fsync_path(directory)
         fsync_path(self.directory)
         return tuple(sorted(self._entries.values(), key=lambda entry: entry.path))
+
+
+def _write_whole(writer: HashedFileWriter, data: Buffer) -> FileEntry:
+    """Write `data` as the whole file and close it; a failed write leaves no file."""
+    try:
+        writer.write(data)
+    except BaseException:
+        writer.discard()
+        raise
+    return writer.close()
