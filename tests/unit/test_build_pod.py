@@ -38,6 +38,7 @@ CONTRACT = {
     and not value.endswith("_")
     and value not in env.NODE_PROVIDED
     and value != env.DATA_SECRETS  # only in stage-data, and only with a Secret to mount
+    and value != env.MASTER_ADDR  # only in a gang's members
 }
 RESTRICTED = {
     "allowPrivilegeEscalation": False,

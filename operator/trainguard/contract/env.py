@@ -23,6 +23,10 @@ built from an empty spec see the same values.
 | TRAINGUARD_GPU_FILE | gpu_file | GPU readings published by the supervisor |
 | TRAINGUARD_LOG_FILE | log_file | the trainer's output file (log age is a slowness signal only) |
 | TRAINGUARD_PROCS_PER_NODE | procs_per_node | ranks per pod (started by torchrun when > 1) |
+| TRAINGUARD_NNODES | nnodes | members (pods) of the run's gang; 1: a one-pod run |
+| TRAINGUARD_NODE_RANK | node_rank | this member's index in the gang (0 hosts the rendezvous) |
+| TRAINGUARD_MASTER_ADDR | master_addr | member 0's stable name (hostname.subdomain); gangs only |
+| TRAINGUARD_MASTER_PORT | master_port | the rendezvous port on member 0 |
 | TRAINGUARD_KEEP_LAST | keep_last | L1 keep-last-N |
 | TRAINGUARD_CKPT_EVERY_STEPS | every_steps | checkpoint cadence in steps (0: off) |
 | TRAINGUARD_CKPT_EVERY_SECONDS | every_seconds | checkpoint cadence in seconds (0: off) |
@@ -89,6 +93,10 @@ HEARTBEAT_FILE = "TRAINGUARD_HEARTBEAT_FILE"
 GPU_FILE = "TRAINGUARD_GPU_FILE"
 LOG_FILE = "TRAINGUARD_LOG_FILE"
 PROCS_PER_NODE = "TRAINGUARD_PROCS_PER_NODE"
+NNODES = "TRAINGUARD_NNODES"
+NODE_RANK = "TRAINGUARD_NODE_RANK"
+MASTER_ADDR = "TRAINGUARD_MASTER_ADDR"
+MASTER_PORT = "TRAINGUARD_MASTER_PORT"
 KEEP_LAST = "TRAINGUARD_KEEP_LAST"
 CKPT_EVERY_STEPS = "TRAINGUARD_CKPT_EVERY_STEPS"
 CKPT_EVERY_SECONDS = "TRAINGUARD_CKPT_EVERY_SECONDS"
@@ -122,6 +130,8 @@ NODE_PROVIDED = (
 
 # The shared state volume's mount path in every container (`trainguard.contract.files`).
 DEFAULT_STATE_DIR = "/trainguard/state"
+# The port member 0 of a gang hosts torchrun's rendezvous on (PyTorch's own default).
+DEFAULT_MASTER_PORT = 29500
 # The run's heartbeat Lease is `<run>` + this suffix.
 LEASE_SUFFIX = "-heartbeat"
 # Fields whose values the kubelet fills in (downward API), not the operator.
@@ -179,6 +189,12 @@ class PodEnv(BaseModel):
     log_file: Path | None = None
     # Ranks per pod: the API's `spec.trainer.procsPerNode`, resolved (one per GPU when omitted).
     procs_per_node: int = Field(default=1, ge=1)
+    # A gang of `nnodes` member pods (`spec.trainer.nodes`): this member's index and where
+    # member 0 hosts the rendezvous. One pod: nnodes 1, no master address (torchrun standalone).
+    nnodes: int = Field(default=1, ge=1)
+    node_rank: int = Field(default=0, ge=0)
+    master_addr: str | None = None
+    master_port: int = Field(default=DEFAULT_MASTER_PORT, ge=1, le=65535)
     keep_last: int = Field(default=DEFAULT_KEEP_LAST, ge=1)
     every_steps: int = Field(default=DEFAULT_EVERY_STEPS, ge=0)
     every_seconds: float = Field(default=0.0, ge=0)
@@ -353,6 +369,10 @@ _FIELDS: tuple[tuple[str, str, Callable[[str], Any], Callable[[Any], str]], ...]
     ("gpu_file", GPU_FILE, Path, str),
     ("log_file", LOG_FILE, Path, str),
     ("procs_per_node", PROCS_PER_NODE, int, str),
+    ("nnodes", NNODES, int, str),
+    ("node_rank", NODE_RANK, int, str),
+    ("master_addr", MASTER_ADDR, str, str),
+    ("master_port", MASTER_PORT, int, str),
     ("keep_last", KEEP_LAST, int, str),
     ("every_steps", CKPT_EVERY_STEPS, int, str),
     ("every_seconds", CKPT_EVERY_SECONDS, float, _number),
