@@ -49,7 +49,7 @@ from typing import Any
 import blake3
 import torch
 import xxhash
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save, save
+from torch.distributed.checkpoint.state_dict_saver import async_save, save
 
 from trainguard.ckpt import DEFAULT_ALGORITHM, step_dirname
 from trainguard_harness.dcp import trainguard_writer
@@ -118,8 +118,10 @@ def torch_save_once(state: dict[str, Any], directory: Path) -> float:
 
 def wait_for(response: Any) -> None:
     """Wait until an async_save response's checkpoint is complete."""
-    if isinstance(response, AsyncSaveResponse):
-        response.upload_completion.result()
+    # Newer PyTorch returns an AsyncSaveResponse (staging and upload futures), older a Future.
+    upload = getattr(response, "upload_completion", None)
+    if upload is not None:
+        upload.result()
     else:
         response.result()
 

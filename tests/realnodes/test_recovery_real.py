@@ -171,7 +171,28 @@ def test_hang_is_dumped_then_killed_across_users_and_restarted_in_place(
             else None
         )
 
-    eventually(restarted, timeout=120, what="a new trainer after the hang")
+    def where() -> str:
+        # What to read when the restart never comes: the supervisor's account (its kill, its
+        # history, the standby), the newest heartbeat, the operator's status and the Events.
+        return json.dumps(
+            {
+                "supervisor": read_json(state / "supervisor.json"),
+                "heartbeat": heartbeat(state),
+                "status": run_status(cluster, run_name),
+                "pods": [
+                    (p["metadata"]["name"], p["status"].get("phase"))
+                    for p in run_pods(cluster, run_name)
+                ],
+                "events": [
+                    (e["reason"], e["message"][:200]) for e in run_events(cluster, run_name)
+                ],
+            },
+            default=str,
+        )[:6000]
+
+    # Bounded by the verdict (hangAfterSeconds), the stack dump, the restart's back-off and
+    # the new trainer's start and restore; 180 s leaves room for a loaded machine.
+    eventually(restarted, timeout=180, what="a new trainer after the hang", detail=where)
     supervisor = read_json(state / "supervisor.json") or {}
     assert supervisor["last_kill"]["pid"] == pid and supervisor["last_kill"]["dumped"]
     ended = next(h for h in supervisor["history"] if h["pid"] == pid)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from trainguard import gpu
+from trainguard.agent import verdicts
 from trainguard_dev.cluster.gpusim_runtime import add_env, container_gpus, node_env, visible_devices
 
 pytestmark = pytest.mark.unit
@@ -191,3 +192,92 @@ def test_nvml_readings_are_per_gpu_of_the_pod(monkeypatch: pytest.MonkeyPatch) -
     ]
     assert [g.unattributed_mib for g in snap.gpus] == [0.0, 8192.0]
     assert snap.distinct_processes == 1 and snap.process_count == 2
+
+
+# What NVML reported on an H200 (driver 580) before, during and after a CUDA trainer's life,
+# recorded by `python bench/gpu.py` (section readings, nvml_raw) on the real GPU.
+RECORDED_NVML = json.loads(
+    (Path(__file__).parent / "recorded" / "nvml-h200-trainer-life.json").read_text()
+)
+
+
+class RecordedNvml(types.ModuleType):
+    """pynvml replaying one recorded moment of the H200; `with_v2` False: a driver without v2."""
+
+    class NVMLError(Exception):
+        """An NVML call that failed."""
+
+    nvmlMemory_v2 = 0x02000028
+
+    def __init__(self, moment: str, *, with_v2: bool) -> None:
+        super().__init__("pynvml")
+        self.devices = RECORDED_NVML["nvml"][moment]
+        self.with_v2 = with_v2
+        self.v2_calls = 0
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return f"GPU-recorded-{handle}"
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return str(RECORDED_NVML["gpu"])
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: int | None = None) -> SimpleNamespace:
+        if version is None:
+            return SimpleNamespace(**self.devices[handle]["v1"])
+        self.v2_calls += 1
+        if not self.with_v2:
+            raise self.NVMLError("Function Not Found")
+        return SimpleNamespace(**self.devices[handle]["v2"])
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(gpu=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        return [SimpleNamespace(**p) for p in self.devices[handle]["processes"]]
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch, moment: str, with_v2: bool) -> gpu.GpuReading:
+    monkeypatch.setitem(sys.modules, "pynvml", RecordedNvml(moment, with_v2=with_v2))
+    (reading,) = gpu.NvmlProbe().read().gpus
+    return reading
+
+
+def test_driver_reserved_memory_is_not_read_as_orphaned(monkeypatch: pytest.MonkeyPatch) -> None:
+    released = verdicts.Thresholds().released_mib
+    idle = _recorded(monkeypatch, "before_start", with_v2=True)
+    live = _recorded(monkeypatch, "live", with_v2=True)
+    after = _recorded(monkeypatch, "after_kill", with_v2=True)
+    # The driver keeps ~615 MiB for itself on every GPU; the v2 reading reports it apart.
+    assert idle.reserved_mib is not None and 600 < idle.reserved_mib < 640
+    assert idle.used_mib < 16 and idle.unattributed_mib is not None and idle.unattributed_mib < 16
+    # A live trainer's memory is its own: nothing unattributed beyond a few MiB.
+    assert live.processes and live.unattributed_mib is not None and live.unattributed_mib < 16
+    assert live.used_mib > RECORDED_NVML["framework_reserved_mib"]
+    # Its death's memory comes back to what the agent counts as released.
+    assert not after.processes and after.used_mib <= released
+
+
+def test_without_the_v2_reading_the_reservation_stays_in_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    released = verdicts.Thresholds().released_mib
+    after = _recorded(monkeypatch, "after_kill", with_v2=False)
+    # The v1 figure: ~618 MiB "used" with no process on an idle GPU, above the release bound.
+    assert after.reserved_mib is None and not after.processes
+    assert after.used_mib > released and after.unattributed_mib == after.used_mib
+    # The probe asked once and then keeps to v1 (a driver without v2 never grows one).
+    v1_only = RecordedNvml("live", with_v2=False)
+    monkeypatch.setitem(sys.modules, "pynvml", v1_only)
+    probe = gpu.NvmlProbe()
+    probe.read()
+    probe.read()
+    assert v1_only.v2_calls == 1
