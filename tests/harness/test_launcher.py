@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.contract import env
+from trainguard.contract.env import ContractError, PodEnv
 from trainguard.contract.files import SUPERVISOR_RANK_FAILURE, RankFailure
 from trainguard_dev.testing.polling import eventually
 from trainguard_harness.launcher import (
+    Gang,
     ended,
     failure_of,
     find_ranks,
@@ -39,6 +42,41 @@ def test_torchrun_never_restarts_and_picks_its_port_at_bind_time() -> None:
     assert args[args.index("--max-restarts") + 1] == "0"
     assert args[args.index("--nproc-per-node") + 1] == "2"
     assert args[-3:] == ["--no-python", "python", "train.py"]
+
+
+def test_a_gang_member_joins_member_0s_rendezvous_even_with_one_rank(tmp_path: Path) -> None:
+    member = {env.NNODES: "3", env.NODE_RANK: "2", env.MASTER_ADDR: "llm-0.llm"}
+    pod = PodEnv.from_env({**member, env.MASTER_PORT: "29500"})
+    gang = Gang.of(pod)
+    assert gang == Gang(3, 2, "llm-0.llm", 29500)
+    # One rank per member still runs under torchrun: WORLD_SIZE and RANK span the gang.
+    command = launch_command(["python", "train.py"], 1, tmp_path / "r.json", gang)
+    assert command[1:3] == ["-m", "trainguard_harness.launcher"]
+    args = torchrun_args(["python", "train.py"], 1, gang)
+    assert "--standalone" not in args
+    options = dict(zip(args[:8:2], args[1:8:2], strict=True))
+    assert options == {
+        "--nnodes": "3",
+        "--node-rank": "2",
+        "--master-addr": "llm-0.llm",
+        "--master-port": "29500",
+    }
+    assert args[args.index("--max-restarts") + 1] == "0"
+    assert Gang.of(PodEnv.from_env({})) is None  # one pod: torchrun standalone, if at all
+
+
+@pytest.mark.parametrize(
+    ("variables", "named"),
+    [
+        ({env.NNODES: "2"}, env.MASTER_ADDR),
+        ({env.NNODES: "2", env.NODE_RANK: "2", env.MASTER_ADDR: "a"}, env.NODE_RANK),
+    ],
+)
+def test_a_member_without_its_place_in_the_gang_is_refused(
+    variables: dict[str, str], named: str
+) -> None:
+    with pytest.raises(ContractError, match=named):
+        Gang.of(PodEnv.from_env(variables))
 
 
 @pytest.mark.parametrize(

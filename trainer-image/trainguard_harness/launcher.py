@@ -3,14 +3,23 @@
     python -m trainguard_harness.launcher --nproc-per-node 2 --result launch.json -- cmd ...
 
 The supervisor runs this instead of the command when a pod has more than one rank
-(`PodEnv.procs_per_node`). It is `torch.distributed.run` (torchrun) itself, called with:
+(`PodEnv.procs_per_node`) or is a member of a gang (`PodEnv.nnodes`). It is
+`torch.distributed.run` (torchrun) itself, called with:
 
-- `--standalone --nnodes 1`: the rendezvous is a TCPStore in this process, bound to port 0, so
-  the kernel picks a free port at bind time for every launch. Nothing picks a port first and
-  binds it later (a race with any other process), and a launch never meets the store of an
-  earlier launch on a port it reused: the earlier launcher may still be shutting down when the
-  supervisor restarts the ranks. The ranks reach the store through the standard MASTER_ADDR and
-  MASTER_PORT, with a rendezvous id of their own per launch.
+- a one-pod run, `--standalone --nnodes 1`: the rendezvous is a TCPStore in this process,
+  bound to port 0, so the kernel picks a free port at bind time for every launch. Nothing
+  picks a port first and binds it later (a race with any other process), and a launch never
+  meets the store of an earlier launch on a port it reused: the earlier launcher may still be
+  shutting down when the supervisor restarts the ranks. The ranks reach the store through the
+  standard MASTER_ADDR and MASTER_PORT, with a rendezvous id of their own per launch.
+- a member of a gang of `nnodes` pods (`Gang`), `--nnodes N --node-rank K --master-addr A
+  --master-port P`: torchrun's static rendezvous, hosted by member 0's launcher at its stable
+  name (the gang's headless Service) on the contract's port, so every member's ranks form one
+  world of N x nproc ranks, global ranks numbered member by member. When any rank of the gang
+  dies, the other members' ranks fail at their next collective (the peer is gone), so every
+  member's launcher ends and every member's supervisor restarts its ranks; the restarted
+  launchers meet again at member 0's new rendezvous (a member that comes back first waits for
+  it there).
 - `--max-restarts 0`: the launcher never restarts a rank itself. Any rank that dies ends every
   rank (the launcher stops the others) and then the launcher; the supervisor restarts all of
   them together under the run's back-off and restart cap, as it restarts a single process.
@@ -34,8 +43,11 @@ import argparse
 import contextlib
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from trainguard.contract import env
+from trainguard.contract.env import ContractError, PodEnv
 from trainguard.contract.files import (
     SUPERVISOR_RANK_FAILURE,
     RankFailure,
@@ -49,21 +61,62 @@ EXIT_RANK_FAILED = 1
 EXIT_USAGE = 2
 
 
-def launch_command(command: list[str], procs: int, result_file: Path) -> list[str]:
+@dataclass(frozen=True)
+class Gang:
+    """A pod's place in a gang of member pods (`PodEnv` nnodes, node_rank, master_*)."""
+
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def of(cls, pod: PodEnv) -> Gang | None:
+        """The pod's gang; None for a one-pod run."""
+        if pod.nnodes == 1:
+            return None
+        if not pod.master_addr:
+            raise ContractError(
+                f"{env.MASTER_ADDR}: a member of {pod.nnodes} needs member 0's name"
+            )
+        if pod.node_rank >= pod.nnodes:
+            raise ContractError(
+                f"{env.NODE_RANK}={pod.node_rank}: a gang of {pod.nnodes} has members 0 to"
+                f" {pod.nnodes - 1}"
+            )
+        return cls(pod.nnodes, pod.node_rank, pod.master_addr, pod.master_port)
+
+    def args(self) -> list[str]:
+        """Torchrun's options for this member."""
+        return [
+            "--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank),
+            "--master-addr", self.master_addr, "--master-port", str(self.master_port),
+        ]  # fmt: skip
+
+
+def through_torchrun(procs: int, gang: Gang | None) -> bool:
+    """Whether the command runs under torchrun: several ranks here, or a member of a gang."""
+    return procs > 1 or gang is not None
+
+
+def launch_command(
+    command: list[str], procs: int, result_file: Path, gang: Gang | None = None
+) -> list[str]:
     """The command line that starts `procs` ranks of `command` (the command itself for one)."""
-    if procs == 1:
+    if not through_torchrun(procs, gang):
         return list(command)
     return [
         sys.executable, "-m", "trainguard_harness.launcher",
-        "--nproc-per-node", str(procs), "--result", str(result_file), "--", *command,
+        "--nproc-per-node", str(procs), "--result", str(result_file),
+        *(gang.args() if gang is not None else []), "--", *command,
     ]  # fmt: skip
 
 
-def torchrun_args(command: list[str], procs: int) -> list[str]:
+def torchrun_args(command: list[str], procs: int, gang: Gang | None = None) -> list[str]:
     """Torchrun's arguments for one pod of `procs` ranks (see the module docstring)."""
+    where = ["--standalone", "--nnodes", "1"] if gang is None else gang.args()
     return [
-        "--standalone", "--nnodes", "1", "--nproc-per-node", str(procs),
-        "--max-restarts", "0", "--no-python", *command,
+        *where, "--nproc-per-node", str(procs), "--max-restarts", "0", "--no-python", *command,
     ]  # fmt: skip
 
 
@@ -152,16 +205,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--nproc-per-node", type=int, required=True)
     parser.add_argument("--result", type=Path, required=True, help="where to record a failure")
+    gang = parser.add_argument_group("a member of a gang (all four, or none: one pod)")
+    gang.add_argument("--nnodes", type=int)
+    gang.add_argument("--node-rank", type=int)
+    gang.add_argument("--master-addr")
+    gang.add_argument("--master-port", type=int)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command or args.nproc_per_node < 1:
         parser.error("a command after -- and --nproc-per-node >= 1")
+    member = (args.nnodes, args.node_rank, args.master_addr, args.master_port)
+    if any(value is not None for value in member) and None in member:
+        parser.error("a gang member needs --nnodes, --node-rank, --master-addr and --master-port")
+    where = None if args.nnodes is None else Gang(*member)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    options = get_args_parser().parse_args(torchrun_args(command, args.nproc_per_node))
+    options = get_args_parser().parse_args(torchrun_args(command, args.nproc_per_node, where))
     try:
         run(options)  # type: ignore[no-untyped-call]
     except SignalException as stopped:  # SIGTERM forwarded by the supervisor: ranks stopped

@@ -4,7 +4,9 @@ Under torchrun (`trainguard_harness.launcher`) every rank has the standard RANK,
 WORLD_SIZE and LOCAL_WORLD_SIZE; a process started without a launcher is rank 0 of 1. Data
 parallel ranks hold the same state, so only rank 0 saves checkpoints, and every rank must
 resume from the same step: rank 0 picks the newest checkpoint that verifies and broadcasts
-its step (`agree_on_step`); the others load exactly that one. A stop (SIGTERM reaches the ranks
+its step (`agree_on_step`); the others load exactly that one, from their own pod's L1 where
+it is there, else from rank 0 (`from_rank0`: the members of a gang other than member 0 have no
+copy, rank 0 saves in member 0's L1). A stop (SIGTERM reaches the ranks
 at different moments) is agreed on every step with the loss (`reduce_step`), so no rank leaves
 the loop while another waits for it in a collective. Without a process group these are
 identities. torch is imported only where a process group is used.
@@ -16,7 +18,9 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 RANK_ENV = "RANK"
 LOCAL_RANK_ENV = "LOCAL_RANK"
@@ -115,3 +119,24 @@ def reduce_step(loss: float, stop: bool) -> tuple[float, bool]:
     values = torch.tensor([loss, float(stop)], dtype=torch.float64, device=_device())
     dist.all_reduce(values)
     return float(values[0].item()) / dist.get_world_size(), bool(values[1].item() > 0)
+
+
+def from_rank0(mine: T | None) -> T | None:
+    """`mine` where this rank has it; rank 0's where any rank lacks its own (None).
+
+    Every rank calls it (a collective): they first count the ranks without their own copy,
+    and only when there are some does rank 0 send its object to all (pickled, over the process
+    group). Rank 0 must have one.
+    """
+    dist = process_group()
+    if dist is None or dist.get_world_size() == 1:
+        return mine
+    import torch
+
+    lacking = torch.tensor([int(mine is None)], dtype=torch.int64, device=_device())
+    dist.all_reduce(lacking)
+    if int(lacking.item()) == 0:
+        return mine
+    box = [mine if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0, device=_device())
+    return mine if mine is not None else box[0]

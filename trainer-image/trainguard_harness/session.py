@@ -33,12 +33,12 @@ from types import FrameType
 from typing import Any, Protocol, TypeVar
 
 from trainguard.api.constants import L1_LAYER, FoundBy
-from trainguard.ckpt import Contents, Problem, Verification
+from trainguard.ckpt import Contents, Problem, Verification, step_dirname
 from trainguard.contract.findings import MAX_HEARTBEAT_FINDINGS, Finding, newest
 from trainguard_harness import heartbeat as hb
 from trainguard_harness import rng
 from trainguard_harness.heartbeat import Heartbeat
-from trainguard_harness.ranks import Ranks, agree_on_step, process_group
+from trainguard_harness.ranks import Ranks, agree_on_step, from_rank0, process_group
 from trainguard_harness.reader import LoadedCheckpoint, LoadResult, load_newest, load_step
 from trainguard_harness.settings import HarnessSettings, OnSaveError
 from trainguard_harness.stackdump import install_stack_dumps
@@ -190,8 +190,13 @@ class TrainingSession:
         else:
             result = LoadResult(None, ())
         chosen = agree_on_step(0 if result.loaded is None else result.loaded.step)
-        if agreed and not self.ranks.saves and chosen:
-            result = LoadResult(load_step(self.settings.l1_dir, chosen), ())
+        if agreed and chosen:
+            # This pod's own copy where it has one (ranks beside rank 0), else rank 0's: a gang
+            # member other than member 0 keeps no checkpoints of its own.
+            mine = result.loaded if self.ranks.saves else self._own_copy(chosen)
+            loaded = from_rank0(mine)
+            if not self.ranks.saves:
+                result = LoadResult(loaded, ())
         self.resumed = result
         step = 0
         if result.loaded is not None:
@@ -202,6 +207,12 @@ class TrainingSession:
         self._last_save_time = time.monotonic()
         self.heartbeat.update(phase=hb.PHASE_TRAINING, step=step, last_checkpoint_step=step or None)
         return step
+
+    def _own_copy(self, step: int) -> LoadedCheckpoint | None:
+        """The checkpoint of `step` in this pod's L1, verified; None where it is not there."""
+        if not (self.settings.l1_dir / step_dirname(step)).is_dir():
+            return None
+        return load_step(self.settings.l1_dir, step)
 
     def due(self, step: int) -> bool:
         """Whether the cadence calls for a checkpoint after `step`."""

@@ -39,7 +39,11 @@ records the first failed rank (`rank_failure`: rank, pid, exit code or signal), 
 rank of the launch is gone (each rank's own process group, and any orphan, which comes to the
 supervisor as a child subreaper), and restarts all ranks together under the same back-off and
 restart cap. While they run, `rank_pids` maps each local rank to its worker process (not the
-launcher, which is `child_pid`). With one rank the command is started directly, exactly as
+launcher, which is `child_pid`). A member of a gang (`TRAINGUARD_NNODES` > 1) always runs its
+ranks through the launcher, which joins member 0's rendezvous (`launcher.Gang`): a rank that
+dies on any member fails the others' next collective, so every member's supervisor restarts
+its ranks in place, each under its own back-off, and they meet again at member 0. With one
+rank the command is started directly, exactly as
 without ranks, `rank_pids` is ``{"0": child_pid}`` and a death is rank 0's `rank_failure`.
 
 A restart of a Python trainer (the supervisor's own interpreter running a script or a module)
@@ -267,12 +271,13 @@ class Supervisor:
         grace_period: float,
         stacks_file: Callable[[int], Path] | None = None,
         procs_per_node: int = 1,
+        gang: launcher.Gang | None = None,
         use_standby: bool = True,
         standby_delay: float = STANDBY_DELAY_S,
     ) -> None:
         self.command = command
         # What a warm standby runs for this command; None where none can (`standby.order_for`).
-        eligible = use_standby and procs_per_node == 1
+        eligible = use_standby and not launcher.through_torchrun(procs_per_node, gang)
         self.order = standby.order_for(command) if eligible else None
         self.standby: standby.Standby | None = None
         self.standbys = 0  # standbys started: each one's serial (`standby.Standby`)
@@ -280,6 +285,9 @@ class Supervisor:
         self.state_file = state_file
         self.kill_request_file = state_file.with_name(KILL_REQUEST_FILENAME)
         self.procs_per_node = procs_per_node
+        self.gang = gang
+        # Ranks started by torchrun (several here, or a gang's member), each watched apart.
+        self.multi = launcher.through_torchrun(procs_per_node, gang)
         self.launch_result_file = state_file.with_name(LAUNCH_RESULT_FILENAME)
         self.ranks: dict[int, int] = {}  # the running launch's ranks, local rank -> PID
         self.stacks_file = stacks_file
@@ -305,7 +313,7 @@ class Supervisor:
 
     def live_ranks(self) -> int:
         """Training processes alive now: the ranks of a multi-rank pod, else the child."""
-        if self.procs_per_node == 1:
+        if not self.multi:
             return int(self.child_alive())
         return sum(1 for pid in list(self.ranks.values()) if not launcher.ended(pid)[0])
 
@@ -329,11 +337,11 @@ class Supervisor:
     def _run_once(self) -> int:
         """Start the command, wait for it to end, clean up its group; return its return code."""
         self.state.attempt += 1
-        multi = self.procs_per_node > 1
+        multi = self.multi
         if multi:
             self.launch_result_file.unlink(missing_ok=True)
         command = launcher.launch_command(
-            self.command, self.procs_per_node, self.launch_result_file
+            self.command, self.procs_per_node, self.launch_result_file, self.gang
         )
         child = self._take_standby() or subprocess.Popen(command, start_new_session=True)
         self.child = child
@@ -429,7 +437,7 @@ class Supervisor:
 
     def _failure(self, child_pid: int, record: Attempt) -> RankFailure:
         """The first failed rank of the launch that just ended (rank 0 = the child for one)."""
-        if self.procs_per_node == 1:
+        if not self.multi:
             return RankFailure(0, child_pid, record.exit_code, record.signal)
         recorded = launcher.read_result(self.launch_result_file)
         if recorded is not None:
@@ -481,7 +489,7 @@ class Supervisor:
         before = _size(stacks)
         # Every rank dumps its stacks (a hang in a collective shows on all of them); the
         # launcher has no harness and is not signalled.
-        for target in self.ranks.values() if self.procs_per_node > 1 else (pid,):
+        for target in self.ranks.values() if self.multi else (pid,):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(target, signal.SIGUSR1)
                 os.kill(target, signal.SIGCONT)  # a stopped process handles it once resumed
@@ -510,7 +518,7 @@ class Supervisor:
     def _supervise(self) -> int:
         for sig in FORWARDED_SIGNALS:
             signal.signal(sig, self._on_signal)
-        if self.procs_per_node > 1:
+        if self.multi:
             become_subreaper()
         while True:
             self._first_gone, self._gone_seen = None, False
@@ -575,7 +583,10 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argpar
     try:
         environ = dict(os.environ) if environ is None else environ
         max_restarts, backoff, backoff_max, backoff_reset = recovery_defaults(environ)
-        procs = PodEnv.from_env(environ).procs_per_node
+        pod = PodEnv.from_env(environ)
+        procs = pod.procs_per_node
+        # A gang's member learns its place from the contract alone (`launcher.Gang`).
+        gang = launcher.Gang.of(pod)
     except ContractError as err:  # it names the variable and its value
         print(f"trainguard supervise: {err}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from err
@@ -645,6 +656,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> argpar
         parser.error("--procs-per-node must be at least 1")
     if args.standby_delay < 0:
         parser.error("--standby-delay must be >= 0")
+    args.gang = gang
     return args
 
 
@@ -668,6 +680,7 @@ def main(argv: list[str]) -> int:
         grace_period=args.grace_period,
         stacks_file=settings.stacks_file,
         procs_per_node=args.procs_per_node,
+        gang=args.gang,
         use_standby=not args.no_standby,
         standby_delay=args.standby_delay,
     )
