@@ -43,8 +43,8 @@ launcher, which is `child_pid`). A member of a gang (`TRAINGUARD_NNODES` > 1) al
 ranks through the launcher, which joins member 0's rendezvous (`launcher.Gang`): a rank that
 dies on any member fails the others' next collective, so every member's supervisor restarts
 its ranks in place, each under its own back-off, and they meet again at member 0. With one
-rank the command is started directly, exactly as
-without ranks, `rank_pids` is ``{"0": child_pid}`` and a death is rank 0's `rank_failure`.
+rank the command is started directly, exactly as without ranks, `rank_pids` is
+``{"0": child_pid}`` and a death is rank 0's `rank_failure`.
 
 A restart of a Python trainer (the supervisor's own interpreter running a script or a module)
 takes a warm standby (`trainguard_harness.standby`): an interpreter started `--standby-delay`
