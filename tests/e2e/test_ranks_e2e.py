@@ -5,6 +5,10 @@ that requests 2 simulated GPUs: each rank is its own GPU's one process, so the r
 Healthy. SIGKILL of rank 1: the status records the death naming rank 1 and its PID, the
 supervisor restarts both ranks in the same pod (no new attempt), and both resume from the
 same verified step, the newest checkpoint at the death.
+
+Four ranks on four simulated GPUs (`procsPerNode` omitted: one per GPU) read Healthy too; memory
+the node's driver reports on GPU 2 alone, held by no live process, is ghost memory naming GPU 2:
+the node is excluded and the run moves.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from trainguard.contract.env import PodEnv
 from trainguard.contract.files import read_json, read_rank_failure, read_rank_pids
 from trainguard.gpu import read_published
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.cluster.procnode import GPU_SIM_FILENAME
 from trainguard_dev.testing.pods import checkpointed, pod_directory, state_dir
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import OperatorProcess
@@ -120,3 +125,67 @@ def test_two_ranks_read_healthy_and_restart_together_in_place_after_one_is_kille
     resumed = re.findall(r"rank (\d) resumed from \S*step-(\d{8})", log)
     assert sorted(rank for rank, _ in resumed) == ["0", "1"], log[-4000:]
     assert {int(step) for _, step in resumed} == {supervisor["checkpoint_step"]}
+
+
+GHOST_GPU = 2
+GHOST_MIB = 8192
+
+
+def test_four_ranks_on_four_gpus_read_healthy_and_ghost_memory_on_one_gpu_is_named(
+    cluster: Cluster,
+    namespace: str,
+    operator: OperatorProcess,
+    tmp_path: Path,
+    process_nodes: list[str],
+) -> None:
+    ranks = 4
+    name = "ranks-four"
+    run = reference_run(
+        name,
+        make_shards(tmp_path / "shards"),
+        EVERY_STEPS,
+        {
+            "trainer": {"resources": {"gpus": ranks}},  # procsPerNode: one per GPU by default
+            "monitor": {"startupGraceSeconds": 5},
+            "recovery": {"backoff": {"initialSeconds": 1, "maxSeconds": 2}},
+        },
+    )
+    apply(cluster, namespace, run)
+    bound = eventually(lambda: bound_pod(cluster, namespace, name), what="the pod bound")
+    sick = bound["spec"]["nodeName"]
+    state = state_dir(cluster.root, bound)
+    pod = PodEnv(state_dir=state, procs_per_node=ranks)
+
+    def all_training() -> bool:
+        pids = read_rank_pids(pod.supervisor_file)
+        beats = [read_json(pod.rank_heartbeat(rank)) for rank in range(ranks)]
+        own = all(
+            b is not None and b["pid"] == pids.get(r) and b["step"] for r, b in enumerate(beats)
+        )
+        return own and checkpointed(state, EVERY_STEPS)
+
+    # Five processes import torch on two cores: the launcher and four ranks.
+    eventually(all_training, 2 * START_S, "four ranks training past a checkpoint", 0.1)
+    # Each rank is its GPU's one process: four processes on four GPUs, no memory unaccounted.
+    eventually(
+        lambda: status_of(cluster, namespace, name).get("verdict") == "Healthy", 30, "Healthy"
+    )
+    readings = read_published(pod.gpu)
+    assert readings is not None and [len(g.processes) for g in readings.gpus] == [1, 1, 1, 1]
+
+    # The node's simulated driver now reports memory on GPU 2 that no live process holds.
+    node_dir = cluster.root / "procnodes" / sick
+    (node_dir / GPU_SIM_FILENAME).write_text(json.dumps({"ghost_mib": {str(GHOST_GPU): GHOST_MIB}}))
+
+    def ghost_recorded() -> dict[str, Any] | None:
+        failure = status_of(cluster, namespace, name).get("lastFailure") or {}
+        return failure if failure.get("cause") == "GhostMemory" else None
+
+    failure = eventually(ghost_recorded, 90, "ghost memory in the status", 0.2)
+    evidence = json.loads(failure["message"])
+    assert evidence.get("gpu") == str(GHOST_GPU), evidence
+    status = status_of(cluster, namespace, name)
+    assert [n["node"] for n in status.get("excludedNodes", [])] == [sick], status
+    # Attempt 2 runs on another node.
+    moved = eventually(lambda: bound_pod(cluster, namespace, name, attempt=2), 120, "attempt 2")
+    assert moved["spec"]["nodeName"] != sick
