@@ -14,7 +14,9 @@ identities. torch is imported only where a process group is used.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import pickle
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -137,6 +139,26 @@ def from_rank0(mine: T | None) -> T | None:
     dist.all_reduce(lacking)
     if int(lacking.item()) == 0:
         return mine
-    box = [mine if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0, device=_device())
-    return mine if mine is not None else box[0]
+    sent = _broadcast_bytes(pickle.dumps(mine) if dist.get_rank() == 0 else b"")
+    return mine if mine is not None else pickle.loads(sent)  # rank 0 pickled its own object
+
+
+def _broadcast_bytes(payload: bytes) -> bytes:
+    """Rank 0's `payload` on every rank: its length, then its bytes, as uint8 tensors.
+
+    Not `broadcast_object_list`, which needs numpy to read what it received: the trainer image
+    has none, and a training script need not.
+    """
+    import torch
+
+    dist = process_group()
+    device = _device()
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    if dist.get_rank() == 0:
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    else:
+        data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(data, src=0)
+    host = data.cpu()
+    return ctypes.string_at(host.data_ptr(), host.numel())
