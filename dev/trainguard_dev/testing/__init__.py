@@ -8,6 +8,8 @@
 - `servers`: real S3 (SeaweedFS) and SSH servers on loopback for the remote layers.
 - `chart`: trainguard installed in-cluster from its Helm chart, in namespaces that enforce
   Pod Security `restricted` (the real-node tests and `trainguard demo --real-nodes`).
+- `goodput`: the goodput benchmark's arithmetic (goodput, steps recomputed, time lost per
+  failure), from the steps a run executed and the failures caused to it.
 
 Nothing here is part of the product: `trainguard` never imports it.
 """
