@@ -599,12 +599,26 @@ CASES: tuple[Case, ...] = (
         ("spec.trainer.resources.cpu", "8 cores"),
         says="non-negative Kubernetes quantity",
     ),
-    # Ranks: one pod per attempt for now, at most one rank per GPU.
+    # Ranks: gangs of at most MAX_NODES members, at most one rank per GPU.
     case(
-        "nodes-two",
+        "nodes-above-the-largest-gang",
+        "spec.trainer.nodes",
+        ("spec.trainer.nodes", 4097),
+        says="nodes 4097 exceeds the largest gang, 4096 members",
+    ),
+    case(
+        "gang-run-name-too-long",
         "spec.trainer.nodes",
         ("spec.trainer.nodes", 2),
-        says="multi-node gangs are not supported yet",
+        ("metadata.name", "g" * 59),
+        says="a gang's run (spec.trainer.nodes > 1) needs a name of at most 58",
+    ),
+    case(
+        "gang-run-name-with-a-dot",
+        "spec.trainer.nodes",
+        ("spec.trainer.nodes", 2),
+        ("metadata.name", "llm.v2"),
+        says="starting with a letter",
     ),
     case(
         "nodes-zero",

@@ -119,6 +119,13 @@ def printer_columns() -> list[Schema]:
             0,
         ),
         ("Age", "date", ".metadata.creationTimestamp", "Time since creation.", 0),
+        (
+            "Members",
+            "string",
+            _status_path("members_ready"),
+            "A gang's members running / members (empty for one pod).",
+            1,
+        ),
         ("Verdict", "string", _status_path("verdict"), "The agent's latest verdict.", 1),
         (
             "Tokens/s",

@@ -12,7 +12,12 @@ import uuid
 import pytest
 
 from trainguard.api import TrainingRun
+from trainguard.api.constants import MAX_NODES
+from trainguard.api.trainingrun import MAX_GANG_RUN_NAME_LENGTH
+from trainguard.operator.build.lease import lease
 from trainguard.operator.build.pod import PodInputs, training_pod
+from trainguard.operator.build.role import role
+from trainguard.operator.build.service import gang_service
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.testing.runs import training_run
 
@@ -59,5 +64,37 @@ def test_a_built_pod_passes_the_apiservers_validation(
             for value in requirement["values"]
         ]
         assert sorted(fields) == sorted(excluded)
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def test_the_longest_gangs_children_pass_the_apiservers_validation(cluster: Cluster) -> None:
+    # The longest gang run name and the highest member index: every name is still valid.
+    namespace = f"t-{uuid.uuid4().hex[:8]}"
+    name = "g" * MAX_GANG_RUN_NAME_LENGTH
+    run = TrainingRun.model_validate(
+        training_run(
+            name,
+            {"trainer": {"nodes": MAX_NODES}},
+            namespace=namespace,
+            metadata={"uid": str(uuid.uuid4())},
+        )
+    )
+    pod = training_pod(run, PodInputs(3, agent_image="trainguard:test", member=MAX_NODES - 1))
+    children = [gang_service(run), lease(run, MAX_NODES - 1), role(run), pod]
+    cluster.kubectl("create", "namespace", namespace)
+    try:
+        cluster.kubectl(
+            "create", "serviceaccount", pod["spec"]["serviceAccountName"], "-n", namespace
+        )
+        for child in children:
+            result = cluster.kubectl(
+                "create", "--dry-run=server", "-o", "json", "-f", "-",
+                input=json.dumps(child), check=False,
+            )  # fmt: skip
+            assert result.returncode == 0, f"{child['kind']}: {result.stderr}"
+        accepted = json.loads(result.stdout)
+        assert accepted["spec"]["hostname"] == f"{name}-{MAX_NODES - 1}"
+        assert accepted["spec"]["subdomain"] == f"{name}-gang"
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

@@ -35,7 +35,7 @@ def test_py_spy_false_of_runs_stored_before_its_removal_is_still_accepted(
     assert json.loads(result.stdout)["spec"]["monitor"]["pySpy"] is False
 
 
-@pytest.mark.parametrize("example", ["minimal.yaml", "full.yaml", "multi-gpu.yaml"])
+@pytest.mark.parametrize("example", ["minimal.yaml", "full.yaml", "multi-gpu.yaml", "gang.yaml"])
 def test_examples_are_accepted_and_defaulted_like_the_models(
     server_create: ServerCreate, example: str
 ) -> None:

@@ -30,7 +30,7 @@ def test_py_spy_false_of_runs_stored_before_its_removal_is_still_valid() -> None
     assert pydantic_errors(stored) == []
 
 
-@pytest.mark.parametrize("example", ["minimal.yaml", "full.yaml", "multi-gpu.yaml"])
+@pytest.mark.parametrize("example", ["minimal.yaml", "full.yaml", "multi-gpu.yaml", "gang.yaml"])
 def test_examples_are_valid(example: str) -> None:
     assert pydantic_errors(yaml.safe_load((EXAMPLES / example).read_text())) == []
 

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 from run_factory import make_run
 
 from trainguard.api import TrainingRunSpec
+from trainguard.api.constants import MAX_NODES
 from trainguard.contract import env
 from trainguard.contract.env import PodEnv
 from trainguard.operator.build.pod import ADDED_DEFAULTS, PodInputs, spec_hash, training_pod
@@ -51,12 +52,14 @@ def test_more_ranks_than_gpus_is_refused_naming_both_numbers() -> None:
     assert "procsPerNode 3 exceeds the GPU count 2" in detail["msg"]
 
 
-def test_several_nodes_are_refused_as_not_supported_yet() -> None:
+def test_gangs_up_to_the_largest_are_accepted_and_larger_ones_refused() -> None:
+    assert TrainingRunSpec.from_object(trainer(nodes=2)).trainer.nodes == 2
+    assert TrainingRunSpec.from_object(trainer(nodes=MAX_NODES)).trainer.nodes == MAX_NODES
     with pytest.raises(ValidationError) as error:
-        TrainingRunSpec.from_object(trainer(nodes=2))
+        TrainingRunSpec.from_object(trainer(nodes=MAX_NODES + 1))
     (detail,) = error.value.errors()
     assert detail["loc"] == ("trainer", "nodes")
-    assert "multi-node gangs are not supported yet" in detail["msg"]
+    assert f"nodes {MAX_NODES + 1} exceeds the largest gang, {MAX_NODES} members" in detail["msg"]
 
 
 def test_the_spec_hash_of_a_run_without_ranks_is_what_it_was_before_them() -> None:
@@ -65,6 +68,8 @@ def test_the_spec_hash_of_a_run_without_ranks_is_what_it_was_before_them() -> No
     assert spec_hash(make_run(two).spec) == HASH_BEFORE_RANKS_TWO_GPUS
     # The apiserver stores the new default (nodes: 1) into every run: the hash is unchanged.
     assert spec_hash(make_run({"trainer": {"nodes": 1}}).spec) == HASH_BEFORE_RANKS
+    # A gang is a different spec: its pods are not a one-pod run's.
+    assert spec_hash(make_run({"trainer": {"nodes": 2}}).spec) != HASH_BEFORE_RANKS
     assert {path for path, _ in ADDED_DEFAULTS} == {
         ("trainer", "nodes"),
         ("trainer", "procsPerNode"),

@@ -22,6 +22,9 @@ SHORT_NAMES = ("tr",)
 CATEGORIES = ("trainguard",)
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
+# Members of one gang at most (`spec.trainer.nodes`, `status.members`).
+MAX_NODES = 4096
+
 # Prefix of every label, annotation, finalizer and taint key trainguard owns.
 PREFIX = f"{GROUP}/"
 
@@ -29,11 +32,16 @@ PREFIX = f"{GROUP}/"
 LABEL_RUN = f"{PREFIX}run"
 LABEL_ATTEMPT = f"{PREFIX}attempt"
 LABEL_COMPONENT = f"{PREFIX}component"
+# A gang member's index (its node rank), on its pods and its heartbeat Lease; none on a one-pod
+# run's children.
+LABEL_MEMBER = f"{PREFIX}member"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "trainguard"
 
 # Values of LABEL_COMPONENT.
 COMPONENT_TRAINING_POD = "training-pod"
+# The headless Service that gives a gang's members their stable names.
+COMPONENT_GANG = "gang"
 COMPONENT_HEARTBEAT = "heartbeat"
 COMPONENT_RBAC = "rbac"
 COMPONENT_NODE_CHECK = "node-check"

@@ -14,6 +14,7 @@ from trainguard.api.base import FieldRule, KubeModel, ObjectRule, map_list, uniq
 from trainguard.api.constants import (
     GPU_RESOURCE,
     L1_LAYER,
+    MAX_NODES,
     Contents,
     HashAlgorithm,
     NetworkVolumes,
@@ -64,9 +65,8 @@ DEFAULT_BACKOFF_MAX_SECONDS = 300
 DEFAULT_BACKOFF_RESET_AFTER_SECONDS = 600
 DEFAULT_SAME_STEP_WINDOW = 10
 DEFAULT_GPUS = 1
-# Pods per attempt: one until multi-node gangs are supported.
+# Pods per attempt (members of the gang): one unless the run asks for a gang.
 DEFAULT_NODES = 1
-MAX_NODES = 1
 
 # Bounds: lists and strings need them so the apiserver can price the CEL rules.
 MAX_ARGS = 256
@@ -145,10 +145,11 @@ class Trainer(KubeModel):
     object_rules = (
         ObjectRule(
             cel=f"self.nodes <= {MAX_NODES}",
-            message=(
-                "multi-node gangs are not supported yet: nodes must be 1 (use procsPerNode for "
-                "several ranks in one pod)"
+            message=f"nodes must be at most {MAX_NODES}: members of one gang",
+            message_expression=(
+                f"'nodes %d exceeds the largest gang, {MAX_NODES} members'.format([self.nodes])"
             ),
+            describe=lambda s: f"nodes {s.nodes} exceeds the largest gang, {MAX_NODES} members",
             check=lambda s: s.nodes <= MAX_NODES,
             field="nodes",
         ),
@@ -207,8 +208,11 @@ class Trainer(KubeModel):
         default=DEFAULT_NODES,
         ge=1,
         description=(
-            "Pods per attempt (members of the gang). Only 1 is supported for now: several ranks "
-            "run in one pod (procsPerNode)."
+            f"Pods per attempt: members of the gang (at most {MAX_NODES}), member k being node "
+            "rank k with the stable name <run>-<k>.<run>-gang (a gang's run name is a DNS label "
+            "of at most 58 characters); 1 is a one-pod run. Each member runs procsPerNode "
+            "ranks and requests resources on its node: ask for a node's GPUs to place one "
+            "member per node."
         ),
     )
     procs_per_node: int | None = Field(

@@ -14,6 +14,7 @@ from pydantic import AwareDatetime, ConfigDict, Field, PlainSerializer
 
 from trainguard.api.base import KubeModel, map_list
 from trainguard.api.constants import (
+    MAX_NODES,
     CheckResult,
     ConditionStatus,
     Contents,
@@ -264,6 +265,20 @@ class Preflight(StatusModel):
     message: Message = Field(description="The failed checks, else every check, in one line.")
 
 
+class Member(StatusModel):
+    """One member of a gang (`spec.trainer.nodes` > 1) in the current attempt."""
+
+    index: int = Field(ge=0, lt=MAX_NODES, description="Member index: its node rank.")
+    pod: NodeName | None = Field(default=None, description="Its pod; none while it has none.")
+    node: NodeName | None = Field(default=None, description="Node the pod is on.")
+    phase: Annotated[str, Field(max_length=MAX_LABEL_LENGTH)] | None = Field(
+        default=None, description="The pod's phase (Pending, Running, ...)."
+    )
+    verdict: Verdict | None = Field(
+        default=None, description="Its agent's latest verdict; none until it renews its Lease."
+    )
+
+
 class TrainingRunStatus(StatusModel):
     """Observed state of a TrainingRun, written by the operator only."""
 
@@ -329,6 +344,21 @@ class TrainingRunStatus(StatusModel):
         description="Superseded attempts and the newest checkpoint each reported: what they "
         "ship later (a pod on a partitioned node) is never restored.",
         json_schema_extra=map_list("attempt"),
+    )
+    members: list[Member] = Field(
+        default_factory=list,
+        max_length=MAX_NODES,
+        description="A gang's members in the current attempt, by index (empty for one pod).",
+        json_schema_extra=map_list("index"),
+    )
+    members_ready: Annotated[str, Field(max_length=MAX_LABEL_LENGTH)] | None = Field(
+        default=None,
+        description="A gang's members running / members, e.g. 3/4 (none for one pod).",
+    )
+    gang_retry_time: Timestamp | None = Field(
+        default=None,
+        description="A gang whose members could not all be placed was deleted whole; its next "
+        "attempt is not created before this time.",
     )
     last_failure: Failure | None = Field(default=None, description="The last failure.")
     last_invalid_checkpoint: InvalidCheckpoint | None = Field(

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import ConfigDict, Field
 
 from trainguard.api.base import KubeModel, ObjectRule
-from trainguard.api.constants import API_VERSION, KIND
+from trainguard.api.constants import API_VERSION, KIND, MAX_NODES
 from trainguard.api.spec import TrainingRunSpec
 from trainguard.api.status import TrainingRunStatus
 from trainguard.api.types import MAX_LABEL_LENGTH
 
 # The run's name is the value of the trainguard.dev/run label on its children.
 MAX_RUN_NAME_LENGTH = MAX_LABEL_LENGTH
+# A gang's members are named `<run>-<index>` through a headless Service `<run>-gang`: both are
+# DNS labels (the Service's an RFC 1035 one), so a gang's run name is one too, short enough for
+# the longest member index.
+MAX_GANG_RUN_NAME_LENGTH = MAX_LABEL_LENGTH - len(f"-{MAX_NODES - 1}")
+GANG_RUN_NAME_RE = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
 class ObjectMeta(KubeModel):
@@ -44,6 +50,28 @@ class TrainingRun(KubeModel):
                 run.metadata.name is None or len(run.metadata.name) <= MAX_RUN_NAME_LENGTH
             ),
             field="metadata.name",
+        ),
+        ObjectRule(
+            cel=(
+                "self.spec.trainer.nodes == 1 || "
+                f"(size(self.metadata.name) <= {MAX_GANG_RUN_NAME_LENGTH} && "
+                f"self.metadata.name.matches('{GANG_RUN_NAME_RE}'))"
+            ),
+            message=(
+                "a gang's run (spec.trainer.nodes > 1) needs a name of at most "
+                f"{MAX_GANG_RUN_NAME_LENGTH} lowercase letters, digits and '-', starting with a "
+                "letter: its members' hostnames and Service are named after it"
+            ),
+            check=lambda run: (
+                run.spec.trainer.nodes == 1
+                or run.metadata.name is None
+                or (
+                    len(run.metadata.name) <= MAX_GANG_RUN_NAME_LENGTH
+                    and re.fullmatch(GANG_RUN_NAME_RE, run.metadata.name) is not None
+                )
+            ),
+            # The apiserver blames no field under metadata: the gang's size is blamed.
+            field="spec.trainer.nodes",
         ),
     )
 

@@ -13,7 +13,7 @@ built from an empty spec see the same values.
 | TRAINGUARD_NAMESPACE | namespace | its namespace |
 | TRAINGUARD_ATTEMPT | attempt | attempt number k (1-based); a new pod is a new attempt |
 | TRAINGUARD_FENCES | fences | superseded attempts -> newest step each reported (JSON; null: none) |
-| TRAINGUARD_LEASE_NAME | lease_name | the run's heartbeat Lease (`<run>-heartbeat`) |
+| TRAINGUARD_LEASE_NAME | lease_name | its heartbeat Lease (`<run>-heartbeat[-<member m > 0>]`) |
 | TRAINGUARD_POD_NAME | pod_name | the pod's name (downward API; the Lease holder) |
 | TRAINGUARD_NODE_NAME | node_name | node the pod runs on (downward API) |
 | TRAINGUARD_L1_DIR | l1_dir | L1 checkpoint directory on local disk (emptyDir or local PV) |
@@ -142,9 +142,13 @@ class ContractError(ValueError):
     """A variable of the pod contract holds a value its reader cannot use; names the variable."""
 
 
-def lease_name(run: str) -> str:
-    """The run's heartbeat Lease: the agent renews it, the operator reads it."""
-    return f"{run}{LEASE_SUFFIX}"
+def lease_name(run: str, member: int = 0) -> str:
+    """The run's heartbeat Lease: the agent renews it, the operator reads it.
+
+    Each member of a gang renews its own (no two agents fight over one): member 0's is the
+    run's `<run>-heartbeat`, member m's `<run>-heartbeat-<m>`.
+    """
+    return f"{run}{LEASE_SUFFIX}" if member == 0 else f"{run}{LEASE_SUFFIX}-{member}"
 
 
 def layer_variable(prefix: str, layer: str) -> str:

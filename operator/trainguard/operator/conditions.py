@@ -33,6 +33,7 @@ from trainguard.api.status import (
     InvalidCheckpoint,
     InvalidCheckpointCount,
     LayerCheckpoint,
+    Member,
     Preflight,
     Staging,
 )
@@ -103,6 +104,11 @@ class Observed:
     # counts replace the status's; None (not renewed yet by this attempt's agent) keeps them.
     invalid_counts: tuple[InvalidCheckpointCount, ...] | None = None
     last_invalid: InvalidCheckpoint | None = None
+    # A gang's members in the current attempt and how many run (none for one pod), and when
+    # a gang taken down for want of nodes is tried again.
+    members: tuple[Member, ...] = ()
+    members_ready: str | None = None
+    gang_retry_time: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -227,6 +233,9 @@ def advance(
             if observed.invalid_counts is None
             else list(observed.invalid_counts),
             "last_invalid_checkpoint": observed.last_invalid or old.last_invalid_checkpoint,
+            "members": list(observed.members),
+            "members_ready": observed.members_ready,
+            "gang_retry_time": observed.gang_retry_time,
             "start_time": old.start_time or (now if observed.started else None),
             "completion_time": old.completion_time
             or (now if state.complete or state.failed else None),

@@ -7,8 +7,11 @@
   the watches, so a cycle lists nothing.
 - `reconcile_run` (resume, create, spec update): a full cycle, companions re-applied.
 - `pod_changed` (any event of a run's pod): a cycle of the owning run, so scheduling,
-  node and phase reach the status at once.
-- `run_leases` (index): each run's heartbeat Lease as the agent last renewed it.
+  node and phase reach the status at once. Events that arrive while a cycle of the run waits
+  to start are told by that cycle (it reads the indexes when it starts): a gang of a thousand
+  members makes thousands of pod events, not thousands of cycles.
+- `run_leases` (index): each run's heartbeat Leases (a gang's one per member) as the agents
+  last renewed them.
 - `lease_changed` (any event of a heartbeat Lease): a cycle at once when the agent's verdict
   turns to a failure the status does not show yet, or when it carries an init step's report
   (preflight result, staging progress) or an invalid checkpoint the status lacks; other
@@ -164,7 +167,7 @@ def runs(*, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> obje
 
 @kopf.index(*LEASES, labels=OUR_LEASES)
 def run_leases(*, body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any) -> object:
-    """Heartbeat Leases by (namespace, run): the agent's latest signals."""
+    """Heartbeat Leases by (namespace, run): the agents' latest signals (one per gang member)."""
     return {(namespace, labels[LABEL_RUN]): lease_view(dict(body))}
 
 
@@ -177,8 +180,8 @@ async def reconcile_run(
     """A full cycle; transient API errors retry after a delay, an invalid spec is permanent."""
     pods = _indexed(kwargs, RUN_PODS, (namespace, name))
     try:
-        lease = _lease(kwargs, (namespace, name))
-        outcome = await asyncio.to_thread(_cycle, memo, dict(body), pods, lease, True)
+        leases = _indexed(kwargs, RUN_LEASES, (namespace, name))
+        outcome = await asyncio.to_thread(_cycle, memo, dict(body), pods, leases, True)
     except KubeError as err:
         if err.transient:
             raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_SECONDS) from err
@@ -191,11 +194,19 @@ async def reconcile_run(
 async def pod_changed(
     *, namespace: str | None, labels: kopf.Labels, memo: Any, **kwargs: Any
 ) -> None:
-    """A cycle of the run that owns the pod (errors are retried by the resync)."""
+    """A cycle of the run that owns the pod (errors are retried by the resync).
+
+    None when a cycle of the run already waits to start: it will see this pod as it is then.
+    """
     key = (namespace, labels[LABEL_RUN])
     for body in _indexed(kwargs, RUNS, key):
-        pods = _indexed(kwargs, RUN_PODS, key)
-        await asyncio.to_thread(_cycle_logged, memo, body, pods, _lease(kwargs, key))
+        record: RunRecord = memo.records.get(body["metadata"]["uid"])
+        if record.queued:
+            continue
+        record.queued = True
+        async with record.turn:
+            record.queued = False
+            await _cycle_key(memo, key)
 
 
 @kopf.on.event(*LEASES, labels=OUR_LEASES)
@@ -208,17 +219,22 @@ async def lease_changed(
     """
     key = (namespace, labels[LABEL_RUN])
     lease = lease_view(dict(body))
+    if lease.member:
+        return  # a gang member's other than 0: its verdict reaches the status at the resync
     for run in _indexed(kwargs, RUNS, key):
         status = memo.records.get(run["metadata"]["uid"]).last_status(run)
         name = run["metadata"]["name"]
         news = initsteps.news(name, lease, status) or findings.news(name, lease, status)
         if signals.urgent(lease, status) or news:
             pods = _indexed(kwargs, RUN_PODS, key)
-            await asyncio.to_thread(_cycle_logged, memo, run, pods, lease)
+            leases = _indexed(kwargs, RUN_LEASES, key)
+            await asyncio.to_thread(_cycle_logged, memo, run, pods, leases)
 
 
-def _lease(indices: dict[str, Any], key: tuple[str | None, str]) -> LeaseView | None:
-    return next(iter(_indexed(indices, RUN_LEASES, key)), None)
+def _split(leases: Iterable[LeaseView]) -> tuple[LeaseView | None, tuple[LeaseView, ...]]:
+    """The run's own Lease (a gang's member 0's) and a gang's other members'."""
+    own = [lease for lease in leases if not lease.member]
+    return (own[0] if own else None), tuple(lease for lease in leases if lease.member)
 
 
 def _indexed(indices: dict[str, Any], index: str, key: tuple[str | None, str]) -> list[Any]:
@@ -231,12 +247,15 @@ def _cycle(
     memo: Any,
     body: dict[str, Any],
     pods: Iterable[PodView],
-    lease: LeaseView | None,
+    leases: Iterable[LeaseView],
     full: bool,
 ) -> Outcome:
     record: RunRecord = memo.records.get(body["metadata"]["uid"])
+    lease, members = _split(list(leases))
     with record.lock:
-        outcome = reconcile(memo.kube, body, list(pods), memo.settings, full, record.status, lease)
+        outcome = reconcile(
+            memo.kube, body, list(pods), memo.settings, full, record.status, lease, members
+        )
         record.status = outcome.status
         if outcome.retry_after is not None and not record.due:
             # A restart back-off ends without any watch event: the cycle is booked for then.
@@ -266,15 +285,15 @@ async def _cycle_key(memo: Any, key: tuple[str | None, str]) -> None:
     runs, run_pods, run_leases = memo.indexes
     for body in list(runs.get(key, [])):
         pods = list(run_pods.get(key, []))
-        lease = next(iter(run_leases.get(key, [])), None)
-        await asyncio.to_thread(_cycle_logged, memo, body, pods, lease)
+        leases = list(run_leases.get(key, []))
+        await asyncio.to_thread(_cycle_logged, memo, body, pods, leases)
 
 
 def _cycle_logged(
-    memo: Any, body: dict[str, Any], pods: Iterable[PodView], lease: LeaseView | None
+    memo: Any, body: dict[str, Any], pods: Iterable[PodView], leases: Iterable[LeaseView]
 ) -> None:
     try:
-        _cycle(memo, body, pods, lease, full=False)
+        _cycle(memo, body, pods, leases, full=False)
     except Exception:
         meta = body.get("metadata", {})
         log.exception("cycle of %s/%s failed", meta.get("namespace"), meta.get("name"))
@@ -312,6 +331,10 @@ class RunRecord:
         self.lock = threading.Lock()
         self.status: TrainingRunStatus | None = None
         self.due = False  # a cycle is booked (the end of a restart back-off)
+        # Pod events: one cycle at a time takes its turn (on the event loop), and while one
+        # waits for it (`queued`), later events add none.
+        self.turn = asyncio.Lock()
+        self.queued = False
 
     def last_status(self, body: dict[str, Any]) -> TrainingRunStatus:
         """The status this operator wrote last, else the run's as watched."""

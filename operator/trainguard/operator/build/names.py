@@ -9,14 +9,38 @@ from trainguard.api.constants import (
     LABEL_ATTEMPT,
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
+    LABEL_MEMBER,
     LABEL_RUN,
     MANAGED_BY,
 )
 
+# The headless Service of a gang is `<run>` + this suffix (`trainguard.api.trainingrun` bounds a
+# gang's run name so that it stays a DNS label).
+GANG_SERVICE_SUFFIX = "-gang"
 
-def pod_name(run: str, attempt: int) -> str:
-    """The pod of attempt k: deterministic, so a restarted operator re-applies, never duplicates."""
-    return f"{run}-{attempt}"
+
+def pod_name(run: str, attempt: int, member: int | None = None) -> str:
+    """The pod of attempt k: deterministic, so a restarted operator re-applies, never duplicates.
+
+    A gang's member m of attempt k is `<run>-<k>-<m>`; a one-pod run's (`member` None) keeps
+    the name it always had.
+    """
+    return f"{run}-{attempt}" if member is None else f"{run}-{attempt}-{member}"
+
+
+def gang_service_name(run: str) -> str:
+    """The headless Service whose subdomain gives a gang's members their stable names."""
+    return f"{run}{GANG_SERVICE_SUFFIX}"
+
+
+def member_hostname(run: str, member: int) -> str:
+    """Member m's hostname, the same in every attempt, so its address outlives its pods."""
+    return f"{run}-{member}"
+
+
+def member_address(run: str, member: int) -> str:
+    """Member m's stable name, resolved by the cluster DNS in the run's namespace."""
+    return f"{member_hostname(run, member)}.{gang_service_name(run)}"
 
 
 def rbac_name(run: str) -> str:
@@ -36,6 +60,17 @@ def run_labels(run: str, component: str) -> dict[str, str]:
 def pod_labels(run: str, component: str, attempt: int) -> dict[str, str]:
     """Labels of a training pod: the run's, plus its attempt."""
     return {**run_labels(run, component), LABEL_ATTEMPT: str(attempt)}
+
+
+def member_labels(run: str, component: str, attempt: int, member: int) -> dict[str, str]:
+    """Labels of a gang member's pod: the attempt's, plus its index."""
+    return {**pod_labels(run, component, attempt), LABEL_MEMBER: str(member)}
+
+
+def member_of(labels: dict[str, str]) -> int | None:
+    """The member index a child's labels name, or None (a one-pod run's child, or malformed)."""
+    value = labels.get(LABEL_MEMBER, "")
+    return int(value) if value.isdigit() else None
 
 
 def attempt_of(labels: dict[str, str]) -> int | None:

@@ -14,6 +14,12 @@ holds no Kubernetes credentials and cannot write the verdict the operator acts o
 Secret is mounted into the agent and the restore step, the data source's into `stage-data`. The
 companion containers (agent, init steps) run with read-only root file systems and a small
 scratch volume at /tmp; the trainer's root stays writable (user code writes caches there).
+
+A gang's member m (`PodInputs.member`) is this pod with a name of its own (`<run>-<k>-<m>`),
+its index as a label, `hostname` `<run>-<m>` (the same in every attempt) in the subdomain of
+the run's headless Service (`build.service`), so member 0 is `<run>-0.<run>-gang` to every
+member; its contract names its node rank, the gang's size, member 0's address and port, and its
+own heartbeat Lease. A one-pod run's pod (`member` None) is exactly what it always was.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +39,7 @@ from trainguard.api.constants import (
 )
 from trainguard.api.spec import Data, RemoteLayer
 from trainguard.api.types import FILE_URI_PREFIX
-from trainguard.contract.env import DEFAULT_STATE_DIR, PodEnv, lease_name
+from trainguard.contract.env import DEFAULT_MASTER_PORT, DEFAULT_STATE_DIR, PodEnv, lease_name
 from trainguard.contract.files import GPU_FILENAME, HEARTBEAT_FILENAME, LOG_FILENAME
 from trainguard.operator.build.constants import (
     AGENT_COMMAND,
@@ -61,7 +67,15 @@ from trainguard.operator.build.constants import (
     Volume,
 )
 from trainguard.operator.build.meta import child_meta, run_name
-from trainguard.operator.build.names import pod_labels, pod_name, rbac_name
+from trainguard.operator.build.names import (
+    gang_service_name,
+    member_address,
+    member_hostname,
+    member_labels,
+    pod_labels,
+    pod_name,
+    rbac_name,
+)
 from trainguard.operator.build.sizing import DiskSizes, disk_sizes, mebibytes
 
 # Every container of the pod runs with this supplementary group (the pod's `fsGroup`), so the
@@ -95,6 +109,7 @@ class PodInputs:
     attempt: int
     excluded_nodes: tuple[str, ...] = ()
     agent_image: str = ""
+    member: int | None = None  # a gang member's index; None for a one-pod run's pod
 
 
 def spec_hash(spec: TrainingRunSpec) -> str:
@@ -117,7 +132,7 @@ def training_pod(run: TrainingRun, inputs: PodInputs) -> dict[str, Any]:
     name = run_name(run)
     spec = run.spec
     sizes = disk_sizes(spec)
-    contract = pod_env(run, inputs.attempt)
+    contract = pod_env(run, inputs.attempt, inputs.member)
     env_common = contract.env_vars()
     pod_spec: dict[str, Any] = {
         "serviceAccountName": rbac_name(name),
@@ -147,17 +162,32 @@ def training_pod(run: TrainingRun, inputs: PodInputs) -> dict[str, Any]:
         pod_spec["tolerations"] = tolerations
     if inputs.excluded_nodes:
         pod_spec["affinity"] = _excluding(inputs.excluded_nodes)
+    labels = pod_labels(name, COMPONENT_TRAINING_POD, inputs.attempt)
+    if inputs.member is not None:
+        pod_spec["hostname"] = member_hostname(name, inputs.member)
+        pod_spec["subdomain"] = gang_service_name(name)
+        labels = member_labels(name, COMPONENT_TRAINING_POD, inputs.attempt, inputs.member)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": child_meta(
             run,
-            pod_name(name, inputs.attempt),
-            pod_labels(name, COMPONENT_TRAINING_POD, inputs.attempt),
+            pod_name(name, inputs.attempt, inputs.member),
+            labels,
             {ANNOTATION_SPEC_HASH: spec_hash(spec)},
         ),
         "spec": pod_spec,
     }
+
+
+def gang_pods(
+    run: TrainingRun, inputs: PodInputs, members: tuple[int, ...] = ()
+) -> list[dict[str, Any]]:
+    """The pods of attempt `inputs.attempt`: one, or a gang's members (`members`, else all)."""
+    nodes = run.spec.trainer.nodes
+    if nodes == 1:
+        return [training_pod(run, inputs)]
+    return [training_pod(run, replace(inputs, member=m)) for m in members or range(nodes)]
 
 
 def termination_grace_seconds(spec: TrainingRunSpec) -> int:
@@ -171,8 +201,11 @@ def termination_grace_seconds(spec: TrainingRunSpec) -> int:
     return TRAINER_STOP_SECONDS + flush
 
 
-def pod_env(run: TrainingRun, attempt: int) -> PodEnv:
-    """The pod contract of attempt `attempt`, as the trainer sees it (no layer Secrets)."""
+def pod_env(run: TrainingRun, attempt: int, member: int | None = None) -> PodEnv:
+    """The pod contract of attempt `attempt` (of gang member `member`), as the trainer sees it.
+
+    No layer Secrets. A one-pod run's (`member` None) names no master: torchrun runs standalone.
+    """
     name = run_name(run)
     spec = run.spec
     state = Path(DEFAULT_STATE_DIR)
@@ -185,7 +218,7 @@ def pod_env(run: TrainingRun, attempt: int) -> PodEnv:
         attempt=attempt,
         # Every superseded attempt's fence (`policies.fencing`): restore stays in the lineage.
         fences={f.attempt: f.step for f in (run.status.fences if run.status else ())},
-        lease_name=lease_name(name),
+        lease_name=lease_name(name, member or 0),
         l1_dir=Path(spec.checkpoints.l1.mount_path),
         data_dir=None if data is None else Path(data.mount_path),
         state_dir=state,
@@ -205,6 +238,10 @@ def pod_env(run: TrainingRun, attempt: int) -> PodEnv:
         data_bytes=sizes.data if data is not None else None,
         checkpoint_bytes=sizes.checkpoint,
         layer_paths={layer.name: _layer_mount_path(layer) for layer in _remote_claims(spec)},
+        nnodes=spec.trainer.nodes,
+        node_rank=member or 0,
+        master_addr=None if member is None else member_address(name, 0),
+        master_port=DEFAULT_MASTER_PORT,
     )
 
 

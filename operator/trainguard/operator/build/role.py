@@ -1,4 +1,4 @@
-"""The Role of a run's pod: only what the agent needs, scoped to the run's own Lease."""
+"""The Role of a run's pods: only what the agent needs, scoped to the run's own Leases."""
 
 from __future__ import annotations
 
@@ -12,8 +12,12 @@ from trainguard.operator.build.names import rbac_name, run_labels
 
 
 def role(run: TrainingRun) -> dict[str, Any]:
-    """The run's Role: get/update/patch its Lease (by name), create Events. Nothing else."""
+    """The run's Role: get/update/patch its Leases (by name), create Events. Nothing else.
+
+    A gang's members share it (one ServiceAccount per run): it names every member's Lease.
+    """
     name = run_name(run)
+    names = [lease_name(name, m) for m in range(run.spec.trainer.nodes)]
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
@@ -24,7 +28,7 @@ def role(run: TrainingRun) -> dict[str, Any]:
             {
                 "apiGroups": ["coordination.k8s.io"],
                 "resources": ["leases"],
-                "resourceNames": [lease_name(name)],
+                "resourceNames": names,
                 "verbs": ["get", "update", "patch"],
             },
             # The agent reports what it sees (stack dumps of a hung trainer, shipping) as Events.

@@ -14,7 +14,7 @@ from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import API_VERSION, KIND, PLURAL
 from trainguard.api.trainingrun import ObjectMeta
 from trainguard.operator.build.constants import FIELD_MANAGER
-from trainguard.operator.k8s.client import APPLY_PATCH, Kube, object_path
+from trainguard.operator.k8s.client import APPLY_PATCH, Kube, concurrently, object_path
 
 # kind -> plural, for the kinds the operator applies.
 PLURALS = {
@@ -23,6 +23,7 @@ PLURALS = {
     "Role": "roles",
     "RoleBinding": "rolebindings",
     "Lease": "leases",
+    "Service": "services",
     KIND: PLURAL,
 }
 APPLY_QUERY = {"fieldManager": FIELD_MANAGER, "force": "true"}
@@ -42,6 +43,11 @@ def apply(kube: Kube, manifest: dict[str, Any]) -> dict[str, Any]:
     return kube.request(
         "PATCH", manifest_path(manifest), manifest, APPLY_QUERY, content_type=APPLY_PATCH
     )
+
+
+def apply_all(kube: Kube, manifests: list[dict[str, Any]]) -> None:
+    """Server-side apply objects that do not depend on each other (a gang's members) at once."""
+    concurrently(lambda manifest: apply(kube, manifest), manifests)
 
 
 def apply_status(kube: Kube, meta: ObjectMeta, status: TrainingRunStatus) -> dict[str, Any]:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from kubernetes import client as k8s_client
@@ -26,6 +28,7 @@ MERGE_PATCH = "application/merge-patch+json"
 TRANSIENT_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 REQUEST_TIMEOUT_SECONDS = 30.0
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+T = TypeVar("T")
 
 
 class KubeError(RuntimeError):
@@ -46,6 +49,22 @@ class KubeError(RuntimeError):
     def not_found(self) -> bool:
         """Whether the object does not exist."""
         return self.status == 404
+
+
+# A gang's members are applied and deleted this many at a time: one by one, a thousand pods
+# take seconds; the client's connection pool (one connection per worker) serves them.
+CONCURRENT_REQUESTS = 8
+
+
+def concurrently(work: Callable[[T], object], items: Sequence[T]) -> None:
+    """`work(item)` for every item, a few at a time; the first error is raised once all ended."""
+    if len(items) <= 1:
+        for item in items:
+            work(item)
+        return
+    with ThreadPoolExecutor(min(CONCURRENT_REQUESTS, len(items))) as pool:
+        for _ in pool.map(work, items):
+            pass
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from trainguard.api.constants import (
     EVIDENCE_CAUSE,
     Verdict,
 )
+from trainguard.operator.build.names import member_of
 from trainguard.operator.policies.layers import parse_layers
 from trainguard.operator.policies.signals import NARROWED_CAUSES, LeaseView
 
@@ -49,6 +50,7 @@ def _narrowed(evidence: str, verdict: Verdict | None) -> str | None:
 def lease_view(lease: dict[str, Any]) -> LeaseView:
     """The operator's view of a heartbeat Lease; unknown or malformed values read as None."""
     annotations = lease.get("metadata", {}).get("annotations") or {}
+    labels = lease.get("metadata", {}).get("labels") or {}
     spec = lease.get("spec") or {}
     named = annotations.get(ANNOTATION_VERDICT)
     verdict = Verdict(named) if named in set(Verdict) else None
@@ -68,4 +70,5 @@ def lease_view(lease: dict[str, Any]) -> LeaseView:
         staging=str(annotations.get(ANNOTATION_STAGING) or ""),
         since=_time(annotations.get(ANNOTATION_VERDICT_SINCE)),
         invalid_checkpoints=str(annotations.get(ANNOTATION_INVALID_CHECKPOINTS) or ""),
+        member=member_of(labels),
     )

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from trainguard.api.constants import ANNOTATION_SPEC_HASH, LABEL_RUN, StagingPhase
 from trainguard.api.status import Preflight, Staging
 from trainguard.operator.build.constants import Container
-from trainguard.operator.build.names import attempt_of
+from trainguard.operator.build.names import attempt_of, member_of
 from trainguard.operator.conditions import preflight_condition, staging_condition
 from trainguard.operator.k8s.client import Kube, KubeError, object_path
 from trainguard.operator.policies import initsteps, inputs
@@ -30,16 +31,33 @@ PENDING = "Pending"
 FAILED_MOUNT = "FailedMount"
 
 
-def scheduler_message(pod: dict[str, Any]) -> str | None:
-    """The scheduler's reason while the pod's PodScheduled condition is False/Unschedulable."""
+def _unschedulable(pod: dict[str, Any]) -> dict[str, Any] | None:
     for condition in pod.get("status", {}).get("conditions") or []:
         if (
             condition.get("type") == POD_SCHEDULED
             and condition.get("status") == "False"
             and condition.get("reason") == UNSCHEDULABLE
         ):
-            return str(condition.get("message") or UNSCHEDULABLE)
+            return dict(condition)
     return None
+
+
+def scheduler_message(pod: dict[str, Any]) -> str | None:
+    """The scheduler's reason while the pod's PodScheduled condition is False/Unschedulable."""
+    condition = _unschedulable(pod)
+    return None if condition is None else str(condition.get("message") or UNSCHEDULABLE)
+
+
+def unschedulable_since(pod: dict[str, Any]) -> datetime | None:
+    """When the scheduler first found no node for the pod (its condition's transition time)."""
+    condition = _unschedulable(pod)
+    text = None if condition is None else condition.get("lastTransitionTime")
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def preflight_exit(pod: dict[str, Any]) -> tuple[int | None, str | None]:
@@ -127,11 +145,13 @@ def pod_view(pod: dict[str, Any]) -> PodView | None:
     return PodView(
         name=meta["name"],
         attempt=attempt,
+        member=member_of(meta.get("labels") or {}),
         phase=pod.get("status", {}).get("phase") or "Pending",
         node=pod.get("spec", {}).get("nodeName") or None,
         deleting=meta.get("deletionTimestamp") is not None,
         spec_hash=(meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH),
         unschedulable=scheduler_message(pod),
+        unschedulable_since=unschedulable_since(pod),
         preflight_exit=exit_code,
         message=evidence or pod.get("status", {}).get("message") or failed_step(pod),
         preflight_report=message,

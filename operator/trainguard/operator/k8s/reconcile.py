@@ -5,8 +5,9 @@ The steps are the pure functions of the lower layers glued to the API calls:
 2. decide from the run and its observed pods which pod it should have (`policies.lifecycle`),
    and what a pod that cannot start lacks (`policies.inputs`);
 3. when a pod is to be created, read the hot-path volumes and ask the placement guard;
-4. server-side apply the companions (ServiceAccount, Role, RoleBinding, Lease) and the pod,
-   delete superseded pods;
+4. server-side apply the companions (ServiceAccount, Role, RoleBinding, Lease(s), a gang's
+   headless Service) and the pod (a gang's members, applied concurrently), delete superseded
+   pods;
 5. write the status once, only if it changed, then send the Events.
 Every step is idempotent, so a crash anywhere is repaired by the next cycle.
 """
@@ -23,11 +24,13 @@ from pydantic import ValidationError
 
 from trainguard.api import TrainingRun, TrainingRunStatus
 from trainguard.api.constants import Reason
+from trainguard.api.status import ExcludedNode
 from trainguard.api.trainingrun import ObjectMeta
-from trainguard.operator.build.lease import lease
-from trainguard.operator.build.pod import PodInputs, spec_hash, training_pod
+from trainguard.operator.build.lease import leases
+from trainguard.operator.build.pod import PodInputs, gang_pods, spec_hash
 from trainguard.operator.build.role import role
 from trainguard.operator.build.rolebinding import role_binding
+from trainguard.operator.build.service import gang_service
 from trainguard.operator.build.serviceaccount import service_account
 from trainguard.operator.conditions import (
     EventSpec,
@@ -40,8 +43,8 @@ from trainguard.operator.conditions import (
     transition_events,
 )
 from trainguard.operator.k8s import events
-from trainguard.operator.k8s.apply import apply, apply_status
-from trainguard.operator.k8s.client import Kube, KubeError
+from trainguard.operator.k8s.apply import apply, apply_all, apply_status
+from trainguard.operator.k8s.client import Kube, KubeError, concurrently
 from trainguard.operator.k8s.nodehealth import NodeChecks, report_node
 from trainguard.operator.k8s.nodes import node_ready
 from trainguard.operator.k8s.pods import delete_pod, list_pods, with_mount_failures
@@ -67,6 +70,8 @@ from trainguard.operator.policies.signals import LeaseView
 
 log = logging.getLogger(__name__)
 MAX_INVALID_MESSAGE = 2000
+# Companions that need only the RBAC objects before them: applied together.
+CONCURRENT_KINDS = frozenset({"Lease", "Service"})
 
 
 @dataclass(frozen=True)
@@ -83,8 +88,9 @@ class Settings:
 
 
 def companions(run: TrainingRun) -> list[dict[str, Any]]:
-    """The children besides the pod, in the order they must exist for the pod."""
-    return [service_account(run), role(run), role_binding(run), lease(run)]
+    """The children besides the pods, in the order they must exist for the pods."""
+    gang = [gang_service(run)] if run.spec.trainer.nodes > 1 else []
+    return [service_account(run), role(run), role_binding(run), *leases(run), *gang]
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,7 @@ def reconcile(
     full: bool,
     written: TrainingRunStatus | None = None,
     lease: LeaseView | None = None,
+    member_leases: tuple[LeaseView, ...] = (),
 ) -> Outcome:
     """Converge one run.
 
@@ -111,7 +118,8 @@ def reconcile(
     change and when the operator starts), which repairs drift in them. `written` is the
     status this operator wrote last for the run: only the operator writes status, so it is
     never older than the body's, which a watch may not have delivered yet. `lease` is the
-    run's heartbeat Lease as last seen: its verdict and steps go to the status.
+    run's heartbeat Lease as last seen (a gang's member 0's): its verdict and steps go to the
+    status; `member_leases` are a gang's others, whose verdicts go to `status.members`.
     """
     old = written or TrainingRunStatus.from_object(body.get("status") or {})
     try:
@@ -137,15 +145,22 @@ def reconcile(
         old = recorded
         run = run.model_copy(update={"status": recorded})
     desired = spec_hash(run.spec)
-    decision = lifecycle.decide(run, pods, desired)
-    if decision.create and (decision.attempt or 0) > 1:
+    now = datetime.now(UTC)
+    replaced, lost_events, pods = replace_lost(kube, run, pods, member_leases, now)
+    if replaced is not None:
+        # The node is excluded before the member's new pod, which avoids it, is created.
+        apply_status(kube, run.metadata, replaced)
+        old = replaced
+        run = run.model_copy(update={"status": replaced})
+    decision = lifecycle.decide(run, pods, desired, now)
+    if decision.create and ((decision.attempt or 0) > 1 or decision.replace):
         # The pods come from a watch, which can lag behind this operator's own writes under
         # load: a pod created moments ago may not be listed yet. Before moving to a next
-        # attempt, ask the apiserver itself which pods the run has.
+        # attempt, or taking a gang with a member missing down, ask the apiserver itself
+        # which pods the run has.
         decision = lifecycle.decide(
-            run, list_pods(kube, namespace, run.metadata.name or ""), desired
+            run, list_pods(kube, namespace, run.metadata.name or ""), desired, now
         )
-    now = datetime.now(UTC)
     decision, wait = backoff.hold(decision, run.status or old, run.spec.recovery.backoff, now)
     placement = None
     fence_events: list[EventSpec] = []
@@ -163,7 +178,10 @@ def reconcile(
             run = run.model_copy(update={"status": fenced})
     converge(kube, run, decision, placement, settings, full)
     state = lifecycle.state(run, decision, placement)
-    if wait > 0:
+    if decision.retry_time is not None and not decision.create:
+        # A gang waiting for nodes: a cycle is booked for when it is tried again.
+        wait = max(wait, (decision.retry_time - now).total_seconds(), 0.0)
+    elif wait > 0:
         # The reason stays Rescheduling: it carries the cause to the attempt that follows.
         at = (now + timedelta(seconds=wait)).strftime("%H:%M:%S")
         state = RunState(
@@ -177,12 +195,59 @@ def reconcile(
         old,
         state,
         _with_signals(
-            lifecycle.observed(run, decision, placement), lease, run.metadata.name, decision
+            lifecycle.observed(run, decision, placement),
+            lease,
+            run.metadata.name,
+            decision,
+            member_leases,
         ),
-        [*warnings, *fence_events, *lifecycle.extra_events(decision, placement)],
+        [*warnings, *lost_events, *fence_events, *lifecycle.extra_events(decision, placement)],
         settings.instance,
     )
     return Outcome(status, retry_after=wait or None)
+
+
+def replace_lost(
+    kube: Kube,
+    run: TrainingRun,
+    pods: tuple[PodView, ...],
+    member_leases: tuple[LeaseView, ...],
+    now: datetime,
+) -> tuple[TrainingRunStatus | None, list[EventSpec], tuple[PodView, ...]]:
+    """Gang members whose node is lost: their node excluded, their pods force-deleted.
+
+    A member's Lease expired (`lifecycle.lost_members`) and its node NotReady or gone: the
+    status with the node excluded (None when no member is lost), the Warning Events, and the
+    pods without the lost ones, which the lifecycle then replaces on other nodes. Only that
+    member's node is excluded; no kubelet will confirm the deletion, so it is forced.
+    """
+    status = run.status or TrainingRunStatus()
+    members = tuple(
+        p for p in pods if p.attempt == status.attempt and p.member is not None and not p.deleting
+    )
+    candidates = lifecycle.lost_members(run, members, member_leases, now)
+    lost = [p for p in candidates if node_ready(kube, p.node) is not True]
+    if not lost:
+        return None, [], pods
+    excluded = list(status.excluded_nodes)
+    events = []
+    for pod in lost:
+        node = pod.node or ""
+        if all(e.node != node for e in excluded):
+            excluded.append(ExcludedNode(node=node, reason=Reason.NODE_LOST, time=now))
+        events.append(
+            EventSpec(
+                Reason.NODE_LOST,
+                f"gang {run.metadata.name}: member {pod.member} (pod {pod.name}) lost its node "
+                f"{node}: replaced on another node; {node} excluded",
+                warning=True,
+            )
+        )
+        log.info("%s: force-deleting lost member %s on node %s", run.metadata.name, pod.name, node)
+    namespace = run.metadata.namespace or ""
+    concurrently(lambda pod: delete_pod(kube, namespace, pod.name, force=True), lost)
+    kept = tuple(p for p in pods if p not in lost)
+    return status.model_copy(update={"excluded_nodes": excluded}), events, kept
 
 
 def escalate(
@@ -200,7 +265,12 @@ def escalate(
     pod is the lifecycle's, from the recorded status (`lifecycle.moving_off`, Failed).
     """
     status = run.status or TrainingRunStatus()
-    current = next((p for p in pods if p.attempt == status.attempt and not p.deleting), None)
+    # A gang's member 0 stands for its attempt (`policies.lifecycle`).
+    current = min(
+        (p for p in pods if p.attempt == status.attempt and not p.deleting),
+        key=lifecycle.member_order,
+        default=None,
+    )
     if current is None or lifecycle.given_up(status):
         return None, [], None
     now = datetime.now(UTC)
@@ -232,10 +302,25 @@ def escalate(
 
 
 def _with_signals(
-    observed: Observed, lease: LeaseView | None, run: str | None, decision: Decision
+    observed: Observed,
+    lease: LeaseView | None,
+    run: str | None,
+    decision: Decision,
+    member_leases: tuple[LeaseView, ...] = (),
 ) -> Observed:
     preflight, staging = initsteps.reports(run or "", observed.attempt, decision.current, lease)
     observed = replace(observed, preflight=preflight, staging=staging)
+    if observed.members:
+        # Each member's verdict, from its own Lease once this attempt's agent renewed it.
+        verdicts = {
+            held.member: held.verdict
+            for held in (*member_leases, *([] if lease is None else [lease]))
+            if held.member is not None and signals.renewed_by(held, run or "", observed.attempt)
+        }
+        members = tuple(
+            m.model_copy(update={"verdict": verdicts.get(m.index)}) for m in observed.members
+        )
+        observed = replace(observed, members=members)
     # Until the new pod's agent renews it, the Lease still speaks of the previous attempt.
     if lease is None or not signals.renewed_by(lease, run or "", observed.attempt):
         return observed
@@ -262,32 +347,47 @@ def converge(
     """Apply the companions and the pod the decision asks for; delete the pods it drops."""
     create = decision.create and not lifecycle.blocked(placement)
     namespace, name = run.metadata.namespace or "", run.metadata.name
-    if full or create:
-        for manifest in companions(run):
+    if full or (create and not decision.replace):
+        # A member replaced in its attempt finds them in place (a full cycle repairs drift).
+        ordered = companions(run)
+        leading = [m for m in ordered if m["kind"] not in CONCURRENT_KINDS]
+        for manifest in leading:
             apply(kube, manifest)
-    for pod in decision.delete:
-        log.info("%s/%s: deleting pod %s (%s)", namespace, name, pod.name, decision.cause)
-        delete_pod(kube, namespace, pod.name)
-    for pod in {*decision.delete, *decision.waiting}:
-        # A pod on a node that is NotReady or gone is never confirmed deleted by a kubelet:
-        # it would stay Terminating and block the next attempt forever.
-        if pod.node is not None and node_ready(kube, pod.node) is not True:
-            log.info(
-                "%s/%s: force-deleting pod %s on lost node %s", namespace, name, pod.name, pod.node
-            )
-            delete_pod(kube, namespace, pod.name, force=True)
+        # A gang's Leases (one per member) and its Service depend only on the ones before.
+        apply_all(kube, [m for m in ordered if m["kind"] in CONCURRENT_KINDS])
+    if decision.delete:
+        log.info(
+            "%s/%s: deleting pod %s (%s)",
+            namespace,
+            name,
+            lifecycle.pods_text(decision.delete),
+            decision.cause,
+        )
+        concurrently(lambda pod: delete_pod(kube, namespace, pod.name), decision.delete)
+    # A pod on a node that is NotReady or gone is never confirmed deleted by a kubelet: it
+    # would stay Terminating and block the next attempt forever. Each node is read once.
+    leaving = sorted({*decision.delete, *decision.waiting}, key=lambda pod: pod.name)
+    nodes = {pod.node for pod in leaving if pod.node is not None}
+    lost = {node for node in sorted(nodes) if node_ready(kube, node) is not True}
+    stuck = [pod for pod in leaving if pod.node in lost]
+    for pod in stuck:
+        log.info(
+            "%s/%s: force-deleting pod %s on lost node %s", namespace, name, pod.name, pod.node
+        )
+    concurrently(lambda pod: delete_pod(kube, namespace, pod.name, force=True), stuck)
     if create and decision.attempt is not None:
         excluded = tuple(n.node for n in (run.status or TrainingRunStatus()).excluded_nodes)
         inputs = PodInputs(decision.attempt, excluded, settings.agent_image)
-        manifest = training_pod(run, inputs)
+        manifests = gang_pods(run, inputs, decision.replace)
         log.info(
-            "%s/%s: creating pod %s (%s)",
+            "%s/%s: creating pod %s%s (%s)",
             namespace,
             name,
-            manifest["metadata"]["name"],
+            manifests[0]["metadata"]["name"],
+            f" and {len(manifests) - 1} more members" if len(manifests) > 1 else "",
             decision.cause,
         )
-        apply(kube, manifest)
+        apply_all(kube, manifests)
 
 
 def report(

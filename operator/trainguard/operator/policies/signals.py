@@ -43,6 +43,8 @@ class LeaseView:
     since: datetime | None = None  # when the verdict began, by the agent's clock
     # The invalid checkpoints the agent told of, as JSON (`policies.findings`).
     invalid_checkpoints: str = ""
+    # The gang member whose agent renews it (its label); None: a one-pod run's Lease.
+    member: int | None = None
 
 
 def same_failure(last: datetime | None, since: datetime | None) -> bool:
@@ -57,8 +59,11 @@ def same_failure(last: datetime | None, since: datetime | None) -> bool:
 
 
 def renewed_by(lease: LeaseView, run: str, attempt: int | None) -> bool:
-    """Whether the Lease was last renewed by the agent of the run's pod of this attempt."""
-    return attempt is not None and lease.holder == pod_name(run, attempt)
+    """Whether the Lease was last renewed by the agent of the run's pod of this attempt.
+
+    A gang member's Lease, by the agent of that member's pod of this attempt.
+    """
+    return attempt is not None and lease.holder == pod_name(run, attempt, lease.member)
 
 
 def failure_cause(lease: LeaseView) -> str | None:

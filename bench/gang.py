@@ -1,0 +1,283 @@
+"""Gang benchmark: a gang of N members on kwok nodes, how fast it runs and how fast it mends.
+
+Starts a local control plane of its own (or uses `--cluster NAME`, started with
+`trainguard dev cluster up --name NAME`), installs the CRD and, per gang size (`--members`,
+default 128 and 1024), adds N + `--spare` (default 1) kwok GPU nodes of its own (labelled, so
+the gang lands there and nowhere else; each member asks for a whole node's 8 GPUs, so one
+member per node), starts `trainguard operator` on a fresh namespace and creates one TrainingRun
+with `spec.trainer.nodes: N` (examples/minimal.yaml). It measures:
+
+- `all_running_s`: from the creation of the run to the moment every member pod is Running;
+- `status_ready_s`: until the run's status says so (`status.membersReady` N/N);
+- `replacement_s`: one member's node lost, until every member is Running again. The member's
+  agent renewed its Lease a minute before (kwok runs no agent: the renewal is written here,
+  as the agent writes it) and its Node object is deleted; the operator sees the expired Lease
+  at its next resync (`--resync`), finds the node gone, excludes it and recreates that member
+  alone on a spare node; the other members keep their pods (`kept_pods` counts them);
+- `operator_peak_rss_mib`: the operator process's peak resident memory (VmHWM), read at the
+  end, so it covers the creation, the replacement and the status updates.
+
+Prints ONE JSON object on stdout; progress goes to stderr. Targets on a 2-core machine: every
+pod of a 1,024-member gang Running within 30 s, a replacement within 30 s.
+
+    python bench/gang.py
+    python bench/gang.py --members 1024 --cluster dev
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from trainguard.api.constants import CRD_NAME, GROUP, LABEL_MEMBER, LABEL_RUN, PLURAL, VERSION
+from trainguard.contract.env import lease_name
+from trainguard.operator.build.names import pod_name
+from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.cluster.nodes import gpu_node
+from trainguard_dev.cluster.rest import Rest
+from trainguard_dev.testing.polling import eventually, seconds_left
+from trainguard_dev.testing.processes import OperatorProcess
+from trainguard_dev.testing.runs import example_run, pinned
+
+REPO = Path(__file__).resolve().parents[1]
+POOL_LABEL = "trainguard.dev/bench-pool"
+NODE_GPUS = 8  # each member asks for all of them: one member per node
+RUN = "gang"
+CREATE_THREADS = 8
+CLEANUP_SECONDS = 600.0
+POLL_SECONDS = 1.0  # a list of a thousand pods is itself work for the apiserver
+# The operator's resync: how soon an expired member Lease (no watch event tells it) is seen.
+RESYNC_SECONDS = 2.0
+# A member's agent renewed its Lease this long before its node was lost: well past expiry.
+LOST_RENEWAL_AGO = timedelta(minutes=1)
+
+
+def log(message: str) -> None:
+    """Progress, on stderr (stdout carries only the JSON report)."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--members", type=int, nargs="+", default=[128, 1024], help="gang sizes, one run each"
+    )
+    parser.add_argument("--cluster", help="use this running dev cluster instead of a new one")
+    parser.add_argument("--timeout", type=float, default=600.0, help="give up after (seconds)")
+    parser.add_argument(
+        "--resync", type=float, default=RESYNC_SECONDS, help="the operator's resync (seconds)"
+    )
+    parser.add_argument(
+        "--spare", type=int, default=1, help="nodes beyond one per member (at least 1)"
+    )
+    return parser.parse_args(argv)
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident set size (VmHWM) in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def wait_for(check: Callable[[], Any], deadline: float, what: str) -> float:
+    """Poll until `check()` is true; return the time it became true (monotonic)."""
+    eventually(check, seconds_left(deadline), what, POLL_SECONDS)
+    return time.monotonic()
+
+
+def add_nodes(rest: Rest, names: list[str], pool: str) -> None:
+    """The gang's own kwok GPU nodes, labelled with the pool, created a few at a time."""
+
+    def create(name: str) -> None:
+        node = gpu_node(name, gpus=NODE_GPUS)
+        node["metadata"]["labels"][POOL_LABEL] = pool
+        rest.create("/api/v1/nodes", node)
+
+    with ThreadPoolExecutor(CREATE_THREADS) as threads:
+        list(threads.map(create, names))
+
+
+def nodes_ready(rest: Rest, pool: str, count: int) -> bool:
+    """Whether the pool's `count` nodes are all Ready (one list, not one wait per node)."""
+    items = rest.get(f"/api/v1/nodes?labelSelector={POOL_LABEL}={pool}")["items"]
+    ready = [
+        n
+        for n in items
+        if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in n.get("status", {}).get("conditions", [])
+        )
+    ]
+    return len(ready) == count
+
+
+def members_running(rest: Rest, pods_path: str, members: int) -> dict[str, Any] | None:
+    """The run's pods by name once every member is Running, else None."""
+    pods = {p["metadata"]["name"]: p for p in rest.get(pods_path)["items"]}
+    running = [p for p in pods.values() if p.get("status", {}).get("phase") == "Running"]
+    return pods if len(running) == members and len(pods) == members else None
+
+
+def measure_gang(
+    cluster: Cluster, rest: Rest, members: int, timeout: float, resync: float, spare: int
+) -> dict[str, Any]:
+    """One gang of `members`: set up, run, lose a node, measure; clean up what it made."""
+    tag = uuid.uuid4().hex[:6]
+    namespace, pool = f"bench-gang-{tag}", f"bench-gang-{tag}"
+    node_names = [f"bench-gang-{tag}-{i}" for i in range(members + max(1, spare))]
+    add_nodes(rest, node_names, pool)
+    # A gang created before its nodes are Ready finds none and waits for them (taken down
+    # after the bound, tried again later): the figures are the operator's, not the nodes'.
+    wait_for(
+        lambda: nodes_ready(rest, pool, len(node_names)),
+        time.monotonic() + timeout,
+        "the gang's nodes Ready",
+    )
+    cluster.kubectl("create", "namespace", namespace)
+    log_file = Path(tempfile.mkstemp(prefix="bench-gang-operator-", suffix=".log")[1])
+    operator = OperatorProcess(cluster.kubeconfig, [namespace], log_file, resync_seconds=resync)
+    operator.start()
+    try:
+        deadline = time.monotonic() + timeout
+        operator.wait_started(seconds_left(deadline))
+        log(f"{members} members: operator up (pid {operator.pid}, log {log_file})")
+        run_path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}"
+        pods_path = f"/api/v1/namespaces/{namespace}/pods?labelSelector={LABEL_RUN}={RUN}"
+        trainer = {"nodes": members, "resources": {"gpus": NODE_GPUS}, "procsPerNode": 1}
+        run = pinned(example_run("minimal", RUN, {"trainer": trainer}), POOL_LABEL, pool)
+
+        def ready() -> bool:
+            status = rest.get(f"{run_path}/{RUN}").get("status") or {}
+            return bool(status.get("membersReady") == f"{members}/{members}")
+
+        started = time.monotonic()
+        rest.create(run_path, run)
+        running = wait_for(
+            lambda: members_running(rest, pods_path, members), deadline, "every member Running"
+        )
+        log(f"{members} members: all Running after {running - started:.1f} s")
+        status_ready = wait_for(ready, deadline, "the status to show every member running")
+
+        before = members_running(rest, pods_path, members) or {}
+        attempt = (rest.get(f"{run_path}/{RUN}").get("status") or {}).get("attempt") or 1
+        lost_member = members // 2
+        lost_pod = pod_name(RUN, attempt, lost_member)
+        lost_node = before[lost_pod]["spec"]["nodeName"]
+        renewed = datetime.now(UTC) - LOST_RENEWAL_AGO
+        rest.patch(
+            f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/"
+            f"{lease_name(RUN, lost_member)}",
+            {
+                "spec": {
+                    "holderIdentity": lost_pod,
+                    "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                }
+            },
+        )
+        lost = time.monotonic()
+        rest.delete(f"/api/v1/nodes/{lost_node}")
+
+        def mended() -> bool:
+            pods = members_running(rest, pods_path, members)
+            return (
+                pods is not None
+                and pods[lost_pod]["metadata"]["uid"] != before[lost_pod]["metadata"]["uid"]
+            )
+
+        replaced = wait_for(mended, deadline, "the lost member replaced and every member Running")
+        log(f"{members} members: replaced after {replaced - lost:.1f} s")
+        created = sorted(p["metadata"]["creationTimestamp"] for p in before.values())
+        scheduled = sorted(
+            c["lastTransitionTime"]
+            for p in before.values()
+            for c in p["status"].get("conditions", [])
+            if c["type"] == "PodScheduled"
+        )
+        ran = sorted(p["status"].get("startTime", "") for p in before.values())
+        after = rest.get(pods_path)["items"]
+        kept = sum(
+            p["metadata"]["uid"] == before[p["metadata"]["name"]]["metadata"]["uid"]
+            for p in after
+            if p["metadata"]["name"] in before
+        )
+        status = rest.get(f"{run_path}/{RUN}").get("status") or {}
+        rss = peak_rss_mib(operator.pid)
+        return {
+            "members": members,
+            "all_running_s": round(running - started, 2),
+            "status_ready_s": round(status_ready - started, 2),
+            "replacement_s": round(replaced - lost, 2),
+            "kept_pods": kept,
+            "replaced_on": next(
+                p["spec"].get("nodeName")
+                for p in after
+                if p["metadata"]["labels"].get(LABEL_MEMBER) == str(lost_member)
+            ),
+            "excluded_nodes": [e["node"] for e in status.get("excludedNodes", [])],
+            "attempt": status.get("attempt"),
+            "operator_peak_rss_mib": round(rss, 1),
+            # The apiserver's clock, to the second: how long the members' creation took.
+            "first_pod_created": created[0],
+            "last_pod_created": created[-1],
+            "last_pod_scheduled": scheduled[-1],
+            "last_pod_started": ran[-1],
+            "nodes": len(node_names),
+        }
+    finally:
+        operator.stop()
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        # One request for the whole pool (kubectl deletes node by node, throttled), waited for
+        # long enough: the apiserver stops deleting when its client gives up.
+        patient = Rest(cluster.server, cluster.pki, timeout=CLEANUP_SECONDS)
+        patient.request("DELETE", f"/api/v1/nodes?labelSelector={POOL_LABEL}={pool}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its JSON report."""
+    args = parse_args(argv)
+    own = args.cluster is None
+    cluster = Cluster(args.cluster or f"bench-{uuid.uuid4().hex[:6]}")
+    if own:
+        log(f"starting cluster {cluster.name}")
+        cluster.up(nodes=0)
+    elif not cluster.is_up():
+        log(f"cluster {cluster.name} is not up; start it with `trainguard dev cluster up`")
+        return 2
+    try:
+        cluster.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            str(REPO / "crds" / f"{CRD_NAME}.yaml"),
+        )
+        cluster.kubectl(
+            "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s", timeout=90
+        )
+        rest = Rest(cluster.server, cluster.pki, timeout=60.0)
+        gangs = [
+            measure_gang(cluster, rest, members, args.timeout, args.resync, args.spare)
+            for members in args.members
+        ]
+    finally:
+        if own:
+            cluster.down(purge=True)
+    print(json.dumps({"gangs": gangs, "resync_s": args.resync, "cpus": os.cpu_count()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

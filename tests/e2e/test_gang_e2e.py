@@ -1,0 +1,221 @@
+"""Gangs on kwok nodes: placed whole, or told Unschedulable and held off, mended member by member.
+
+Every member is placed on its own node with a stable name; a gang larger than its nodes is told
+as Unschedulable, taken down whole, then placed once nodes appear; a member whose node is lost
+is replaced alone on another node.
+
+kwok simulates the members' kubelets (no trainer runs): these scenarios prove what the operator
+does with the pods, the Service and the status, not a rendezvous (process-backed nodes share one
+address and have no cluster DNS, so a real one cannot run here).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import yaml
+from operator_proc import POOL_LABEL, apply, condition, get_json, pods_of, pool_run
+
+from trainguard.api.constants import LABEL_MEMBER
+from trainguard.operator.policies.lifecycle import GANG_RETRY_SECONDS, GANG_UNSCHEDULABLE_SECONDS
+from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.cluster.nodes import gpu_node
+from trainguard_dev.testing.polling import eventually
+from trainguard_dev.testing.processes import OperatorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+pytest_plugins = ("operator_fixtures",)
+
+# Each member asks for a whole node's GPUs (kwok GPU nodes have 8): one member per node.
+WHOLE_NODE = {"resources": {"gpus": 8}, "procsPerNode": 1}
+
+
+def gang(pool: str, name: str, nodes: int) -> dict[str, Any]:
+    return pool_run(pool, name, {"trainer": {**WHOLE_NODE, "nodes": nodes}})
+
+
+def run_of(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return get_json(cluster, "trainingrun", name, "-n", namespace)
+
+
+def progressing(cluster: Cluster, namespace: str, name: str, reason: str, says: str) -> Any:
+    """The run once its Progressing condition has `reason` and a message containing `says`."""
+    found = condition(run_of(cluster, namespace, name), "Progressing")
+    return found if found and found["reason"] == reason and says in found["message"] else None
+
+
+@pytest.fixture
+def extra_node(cluster: Cluster, namespace: str) -> Iterator[str]:
+    """The name of a third pool node, added by the test itself; deleted afterwards."""
+    name = f"{namespace}-gpu-2"
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "node", name, "--wait=false", check=False)
+
+
+def test_a_gang_places_each_member_on_its_own_node_with_a_stable_name(
+    cluster: Cluster, namespace: str, node_pool: str, operator: OperatorProcess
+) -> None:
+    apply(cluster, namespace, gang(node_pool, "pair", 2))
+    run = eventually(
+        lambda: (
+            (r := run_of(cluster, namespace, "pair")).get("status", {}).get("membersReady") == "2/2"
+            and r
+        ),
+        60,
+        "both members running",
+    )
+    status = run["status"]
+    assert status["phase"] == "Running" and status["attempt"] == 1
+    members = status["members"]
+    assert [(m["index"], m["pod"], m["phase"]) for m in members] == [
+        (0, "pair-1-0", "Running"),
+        (1, "pair-1-1", "Running"),
+    ]
+    assert len({m["node"] for m in members}) == 2
+    found = condition(run, "Progressing")
+    assert found is not None and "all 2 members running" in found["message"]
+    pods = {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
+    assert sorted(pods) == ["pair-1-0", "pair-1-1"]
+    for index in range(2):
+        pod = pods[f"pair-1-{index}"]
+        assert pod["spec"]["hostname"] == f"pair-{index}"
+        assert pod["spec"]["subdomain"] == "pair-gang"
+        assert pod["metadata"]["labels"][LABEL_MEMBER] == str(index)
+        trainer = pod["spec"]["containers"][0]
+        told = {e["name"]: e.get("value") for e in trainer["env"]}
+        assert told["TRAINGUARD_NODE_RANK"] == str(index)
+        assert told["TRAINGUARD_NNODES"] == "2"
+        assert told["TRAINGUARD_MASTER_ADDR"] == "pair-0.pair-gang"
+    service = get_json(cluster, "service", "pair-gang", "-n", namespace)
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["metadata"]["ownerReferences"][0]["name"] == "pair"
+    leases = get_json(cluster, "leases", "-n", namespace)["items"]
+    assert {lease["metadata"]["name"] for lease in leases} >= {
+        "pair-heartbeat",
+        "pair-heartbeat-1",
+    }
+    wide = cluster.kubectl("get", "tr", "pair", "-n", namespace, "-o", "wide").stdout
+    header, row = wide.splitlines()[:2]
+    assert "MEMBERS" in header.split() and "2/2" in row.split()
+
+
+def test_a_gang_larger_than_its_nodes_holds_none_until_nodes_appear(
+    cluster: Cluster,
+    namespace: str,
+    node_pool: str,
+    extra_node: str,
+    operator: OperatorProcess,
+) -> None:
+    # Three members, two nodes: one member cannot be placed.
+    apply(cluster, namespace, gang(node_pool, "trio", 3))
+    eventually(
+        lambda: progressing(
+            cluster, namespace, "trio", "Unschedulable", "1 of 3 members cannot be scheduled"
+        ),
+        30 + GANG_UNSCHEDULABLE_SECONDS,
+        "the gang's members reported unschedulable",
+    )
+    found = eventually(
+        lambda: progressing(
+            cluster, namespace, "trio", "Unschedulable", "1 of 3 members could not be placed"
+        ),
+        30 + GANG_UNSCHEDULABLE_SECONDS,
+        "the gang taken down",
+    )
+    assert found["status"] == "False"
+    assert found["message"].startswith("gang trio (attempt 1): ")
+    assert "every member deleted" in found["message"]
+    # No partial gang is left: the placed members are deleted with the unplaced one.
+    eventually(lambda: pods_of(cluster, namespace, "trio") == [], 30, "every member deleted")
+    status = run_of(cluster, namespace, "trio")["status"]
+    assert status["phase"] == "Pending" and status.get("members", []) == []
+    assert status["gangRetryTime"] and status["restarts"] == 0
+    warnings = [
+        e
+        for e in get_json(cluster, "events", "-n", namespace)["items"]
+        if e["involvedObject"]["name"] == "trio" and e["reason"] == "Unschedulable"
+    ]
+    assert warnings and warnings[0]["type"] == "Warning"
+
+    # A third node appears: the next try places the whole gang (not counted as a restart).
+    node = gpu_node(extra_node)
+    node["metadata"]["labels"][POOL_LABEL] = node_pool
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(node))
+    run = eventually(
+        lambda: (
+            (r := run_of(cluster, namespace, "trio")).get("status", {}).get("membersReady") == "3/3"
+            and r
+        ),
+        GANG_RETRY_SECONDS + 60,
+        "the whole gang running after the retry",
+    )
+    status = run["status"]
+    assert status["attempt"] == 2 and status["restarts"] == 0
+    assert "gangRetryTime" not in status
+    assert sorted(p["metadata"]["name"] for p in pods_of(cluster, namespace, "trio")) == [
+        "trio-2-0",
+        "trio-2-1",
+        "trio-2-2",
+    ]
+
+
+def test_a_member_whose_node_is_lost_is_replaced_alone_on_another_node(
+    cluster: Cluster,
+    namespace: str,
+    node_pool: str,
+    extra_node: str,
+    operator: OperatorProcess,
+) -> None:
+    node = gpu_node(extra_node)
+    node["metadata"]["labels"][POOL_LABEL] = node_pool
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(node))
+    apply(cluster, namespace, gang(node_pool, "pair", 2))
+    eventually(
+        lambda: run_of(cluster, namespace, "pair").get("status", {}).get("membersReady") == "2/2",
+        60,
+        "both members running",
+    )
+    first = {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
+    lost_node = first["pair-1-1"]["spec"]["nodeName"]
+    # Member 1's agent renewed its Lease a minute ago, then its node vanished: no kubelet,
+    # no agent (kwok runs none, so the renewal is written here as the agent writes it).
+    renewed = (datetime.now(UTC) - timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    cluster.kubectl(
+        "patch", "lease", "pair-heartbeat-1", "-n", namespace, "--type=merge", "-p",
+        json.dumps({"spec": {"holderIdentity": "pair-1-1", "renewTime": renewed}}),
+    )  # fmt: skip
+    cluster.kubectl("delete", "node", lost_node)
+
+    def replaced() -> dict[str, Any] | None:
+        pods = {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
+        again = pods.get("pair-1-1")
+        if again is None or again["metadata"]["uid"] == first["pair-1-1"]["metadata"]["uid"]:
+            return None
+        return pods if again.get("status", {}).get("phase") == "Running" else None
+
+    pods = eventually(replaced, 60, "member 1 replaced and running")
+    assert sorted(pods) == ["pair-1-0", "pair-1-1"]
+    assert pods["pair-1-1"]["spec"]["nodeName"] not in (lost_node, None)
+    # Member 0 kept its pod; the gang stayed in its attempt.
+    assert pods["pair-1-0"]["metadata"]["uid"] == first["pair-1-0"]["metadata"]["uid"]
+    status = eventually(
+        lambda: (
+            (s := run_of(cluster, namespace, "pair")["status"]).get("membersReady") == "2/2" and s
+        ),
+        30,
+        "the gang running again",
+    )
+    assert status["attempt"] == 1 and status["restarts"] == 1
+    assert [e["node"] for e in status["excludedNodes"]] == [lost_node]
+    assert status["excludedNodes"][0]["reason"] == "NodeLost"
+    terms = pods["pair-1-1"]["spec"]["affinity"]["nodeAffinity"]
+    fields = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert fields[0]["matchFields"][0]["values"] == [lost_node]
+    assert "affinity" not in pods["pair-1-0"]["spec"]
