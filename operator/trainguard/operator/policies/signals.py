@@ -43,6 +43,8 @@ class LeaseView:
     since: datetime | None = None  # when the verdict began, by the agent's clock
     # The invalid checkpoints the agent told of, as JSON (`policies.findings`).
     invalid_checkpoints: str = ""
+    # The pod's last restore record, as JSON (`policies.layers.parse_restore`).
+    restored: str = ""
 
 
 def same_failure(last: datetime | None, since: datetime | None) -> bool:
