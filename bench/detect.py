@@ -16,18 +16,20 @@ on a fresh namespace and creates one TrainingRun with `monitor.intervalSeconds: 
    - death -> `Dead` visible in the run's status, as delivered by a WATCH
      (`kubectl get -w -o json`, read as it streams; no polling);
    - death -> next training step (the heartbeat of the restarted process shows a step);
-   - the steps lost (step at death - newest checkpoint step at death);
+   - the steps lost: the step the killed process had finished (the last line of its loss log,
+     written every step) - the step the restarted process resumed from, and the layer it
+     resumed from: L0 (pod memory, a snapshot about every step) or L1 (every
+     `EVERY_STEPS` steps on disk);
    - the log-age baseline on the same death: the first watchdog poll at which the log's age,
      counted from its last write before the death, reaches T.
      The supervisor restarts the trainer in place within seconds, and a restarted trainer
      writes the log again, so a log-age watchdog never fires here at all; its detection
      time is taken from the write the death left behind, on the watchdog's own poll ticks.
-   The step reached at death is the larger of the heartbeat's (written at most once a
-   second) and the log's (a line every 10 steps), so the steps lost are a lower bound; the
-   step resumed from is the checkpoint the restarted process logs.
+   The step resumed from, and its layer, is what the restarted process logs.
 
 Prints ONE JSON object on stdout; progress goes to stderr. Targets: `detect_p50_s` <= 2 and
-`detect_p99_s` <= 5 with a 1 s interval.
+`detect_p99_s` <= 5 with a 1 s interval; with L0, `steps_lost_median` <= 1 for these software
+deaths.
 
     python bench/detect.py --deaths 20
 """
@@ -55,6 +57,7 @@ from typing import Any
 import yaml
 
 from trainguard.api.constants import CRD_NAME
+from trainguard.operator.build.constants import LOG_DIR, Volume
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.testing import pods
 from trainguard_dev.testing.polling import eventually, seconds_left
@@ -70,8 +73,10 @@ INTERVAL_S = 1
 BACKOFF_S = 1
 POLL_S = 0.02  # heartbeat file reads (the trainer side has no watch)
 LOG_SAMPLE_S = 0.02
-LOGGED_STEP = re.compile(r"trainguard_harness\.train step (\d+) ")
-RESUMED_FROM = re.compile(r"resumed from \S*step-(\d+)")
+RESUMED_FROM = re.compile(r"resumed from \S*step-(\d+) \(layer (\w+)\)")
+# The trainer's loss log, a line per finished step: the exact step a death interrupted.
+LOSS_LOG = "loss.jsonl"
+LOGS_VOLUME = Volume.LOGS
 STEADY_STEPS = 5  # steps a restarted trainer makes before the next death
 
 
@@ -124,7 +129,9 @@ def run_manifest(shards: Path, deaths: int) -> dict[str, Any]:
             "backoff": {"initialSeconds": BACKOFF_S, "maxSeconds": BACKOFF_S},
         },
     }
-    return reference_run(RUN, shards, EVERY_STEPS, spec, steps=TRAINER_STEPS, min_step_seconds=None)
+    run = reference_run(RUN, shards, EVERY_STEPS, spec, steps=TRAINER_STEPS, min_step_seconds=None)
+    run["spec"]["trainer"]["command"] += ["--loss-log", f"{LOG_DIR}/{LOSS_LOG}"]
+    return run
 
 
 class StatusWatch:
@@ -222,10 +229,11 @@ class LogWrites:
         self.thread.join()
 
 
-def logged_step(path: Path) -> int:
-    """The last step the trainer's log names (a line every `--log-every` steps), else 0."""
-    found = LOGGED_STEP.findall(path.read_text(errors="replace"))
-    return int(found[-1]) if found else 0
+def finished_step(path: Path) -> int:
+    """The last step the loss log records (a whole line), else 0."""
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    whole = [line for line in lines if line.endswith("}")]
+    return int(json.loads(whole[-1])["step"]) if whole else 0
 
 
 def largest_gap(writes: list[float], start: float, end: float) -> float:
@@ -331,6 +339,8 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
 
         # 2. The deaths.
         detects, resumes, lost, baseline = [], [], [], []
+        layers: list[str] = []  # the layer each restarted process resumed from
+        logs = pod_dir / "volumes" / LOGS_VOLUME
         rng = random.Random(1)
         for number in range(1, args.deaths + 1):
             before = eventually(
@@ -340,9 +350,9 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(rng.uniform(0.0, 2.0))  # a random moment relative to the agent's looks
             beat = pods.heartbeat(state) or before
             pid = int(beat["pid"])
-            reached = max(int(beat.get("step") or 0), logged_step(pod_dir / "trainer.log"))
             died_wall, died = time.time(), time.monotonic()
             os.kill(pid, signal.SIGKILL)
+            reached = finished_step(logs / LOSS_LOG)
 
             def dead(status: dict[str, Any], known: int = restarts) -> bool:
                 return status.get("verdict") == "Dead" and int(status.get("restarts") or 0) > known
@@ -351,16 +361,17 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
 
             log_size = (pod_dir / "trainer.log").stat().st_size
 
-            def restored(size: int = log_size) -> int | None:
-                # The restarted process logs the checkpoint it resumed from.
+            def restored(size: int = log_size) -> tuple[int, str] | None:
+                # The restarted process logs the checkpoint it resumed from, and its layer.
                 with (pod_dir / "trainer.log").open("rb") as handle:
                     handle.seek(size)
                     found = RESUMED_FROM.findall(handle.read().decode(errors="replace"))
-                return int(found[-1]) if found else None
+                return (int(found[-1][0]), found[-1][1]) if found else None
 
-            saved = eventually(
+            saved, layer = eventually(
                 restored, seconds_left(deadline), f"death {number}: the restore", POLL_S
             )
+            layers.append(layer)
 
             def resumed(old: int = pid, saved: int = saved) -> dict[str, Any] | None:
                 # A step of the restarted process past the checkpoint it resumed from.
@@ -380,8 +391,9 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
                                  args.watchdog_poll, normal_start)
             )  # fmt: skip
             log(
-                f"death {number}/{args.deaths} at step {beat['step']}: Dead seen after "
-                f"{detects[-1]:.2f} s, next step {first['step']} after {resumes[-1]:.2f} s; "
+                f"death {number}/{args.deaths} at step {reached}: Dead seen after "
+                f"{detects[-1]:.2f} s, resumed from {layer} step {saved} ({lost[-1]} lost), "
+                f"next step {first['step']} after {resumes[-1]:.2f} s; "
                 f"log-age watchdog would alarm after {baseline[-1]:.2f} s"
             )
 
@@ -412,6 +424,8 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
             "checkpoint_every_steps": EVERY_STEPS,
             "steps_lost_max": max(lost),
             "steps_lost_median": statistics.median(lost),
+            "steps_lost": lost,
+            "resumed_from": {name: layers.count(name) for name in sorted(set(layers))},
             "restarts_in_status": status.get("restarts"),
             "cpus": os.cpu_count(),
         }

@@ -306,7 +306,12 @@ CASES: tuple[Case, ...] = (
         (f"{R1}.claimName", "backup"),
         says="claimName is only for file:// layers",
     ),
-    case("layer-named-l1", f"{R1}.name", (f"{R1}.name", "l1"), says="reserved for the local layer"),
+    case(
+        "layer-named-l1", f"{R1}.name", (f"{R1}.name", "l1"), says="reserved for the local layers"
+    ),
+    case(
+        "layer-named-l0", f"{R1}.name", (f"{R1}.name", "l0"), says="reserved for the local layers"
+    ),
     case(
         "layer-name-not-dns", f"{R1}.name", (f"{R1}.name", "Backup_1"), says="must be a DNS label"
     ),

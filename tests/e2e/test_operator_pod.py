@@ -114,6 +114,8 @@ def test_minimal_example_yields_one_guarded_pod(
     assert trainer["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     volumes = _by_name(spec["volumes"])
     assert volumes["l1"]["emptyDir"] == {"sizeLimit": "5723Mi"}
+    # L0 in pod memory: 2 kept checkpoints and the one being written.
+    assert volumes["l0"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "5723Mi"}
     assert volumes["state"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Mi"}
     assert volumes["logs"]["emptyDir"] == {"sizeLimit": "2Gi"}
     # (The admission adds the service-account token; its Role is the run's narrow one.)
@@ -124,6 +126,7 @@ def test_minimal_example_yields_one_guarded_pod(
     }
     assert mounts == {
         "/trainguard/l1": "l1",
+        "/trainguard/l0": "l0",
         "/trainguard/state": "state",
         "/trainguard/logs": "logs",
     }
@@ -135,6 +138,7 @@ def test_minimal_example_yields_one_guarded_pod(
     assert variables[env.ATTEMPT] == "1"
     assert variables[env.LEASE_NAME] == "minimal-heartbeat"
     assert variables[env.L1_DIR] == "/trainguard/l1"
+    assert variables[env.L0_DIR] == "/trainguard/l0"
     assert variables[env.STATE_DIR] == "/trainguard/state"
     assert variables[env.HEARTBEAT_FILE] == "/trainguard/state/heartbeat.json"
     assert variables[env.NODE_NAME] == {

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainguard.ckpt import MANIFEST_FILENAME
-from trainguard_harness.reader import load_newest
+from trainguard.ckpt import MANIFEST_FILENAME, Verification
+from trainguard_harness.reader import load_newest, load_newest_of
 from trainguard_harness.writer import CheckpointWriter
 
 pytestmark = pytest.mark.unit
@@ -67,3 +67,32 @@ def test_nothing_valid_is_a_fresh_start(tmp_path: Path) -> None:
     result = load_newest(tmp_path)
     assert result.loaded is None and len(result.skipped) == 1
     assert load_newest(tmp_path / "absent").loaded is None
+
+
+def test_across_layers_the_newest_step_wins_and_a_corrupt_one_falls_back(tmp_path: Path) -> None:
+    l0, l1 = tmp_path / "l0", tmp_path / "l1"
+    write_steps(l1, (10, 20))
+    write_steps(l0, (20, 23, 24))
+    layers = (("l0", l0), ("l1", l1))
+    reported: list[tuple[str, str]] = []
+
+    def report(layer: str, result: Verification) -> None:
+        reported.append((layer, result.path.name))
+
+    newest = load_newest_of(layers, on_invalid=report)
+    assert newest.loaded is not None and (newest.layer, newest.loaded.step) == ("l0", 24)
+    # Both of L0's newer ones corrupt: skipped with their layer; at step 20 the first layer wins.
+    _flip_one_byte(l0 / "step-00000024")
+    _delete_manifest(l0 / "step-00000023")
+    fallback = load_newest_of(layers, on_invalid=report)
+    assert fallback.loaded is not None and (fallback.layer, fallback.loaded.step) == ("l0", 20)
+    assert fallback.skipped_layers == ("l0", "l0")
+    assert reported == [("l0", "step-00000024"), ("l0", "step-00000023")]
+    _truncate(l0 / "step-00000020")
+    from_l1 = load_newest_of(layers)
+    assert from_l1.loaded is not None and (from_l1.layer, from_l1.loaded.step) == ("l1", 20)
+    assert [v.path for v in from_l1.skipped] == [
+        l0 / "step-00000024",
+        l0 / "step-00000023",
+        l0 / "step-00000020",
+    ]

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,6 +19,12 @@ from harness_helpers import fill_until_free
 
 from trainguard.agent.signals import read_heartbeat
 from trainguard.ckpt import Contents, copy_checkpoint, scan
+from trainguard.contract.files import (
+    RESTORE_FILENAME,
+    RestoreReport,
+    read_restore_report,
+    write_restore_report,
+)
 from trainguard_dev.testing.polling import eventually
 from trainguard_harness import heartbeat as hb
 from trainguard_harness import session as session_module
@@ -302,3 +309,53 @@ def test_a_checkpoint_found_invalid_at_resume_outlives_keep_last_n(tmp_path: Pat
     assert corrupt.is_dir()  # older than the one kept, still there
     [finding] = _findings(tmp_path)
     assert (finding["step"], finding["reason"]) == (2, "xxh3-128 hash mismatch")
+
+
+def test_l0_snapshots_every_step_of_a_small_state_and_a_resume_takes_the_newest(
+    tmp_path: Path,
+) -> None:
+    """A small state's snapshot stalls far below 1 % of a step: L0 keeps up with every step."""
+    l0 = tmp_path / "l0"
+    session, model, counter = make_session(tmp_path, every_steps=10, l0_dir=l0)
+    assert session.resume() == 0
+    for step in range(1, 14):
+        train_step(session, model, counter)
+        time.sleep(0.1)  # a step of 100 ms: 1 ms of stall budget
+        session.end_step(step)
+        if step > 1:  # the first step allocates the buffers in the background
+            assert session.l0_writer is not None
+            session.l0_writer.wait()
+            assert session.last_l0_step == step
+    # Killed here (no close): L1 holds step 10, L0 the last two steps, verified.
+    assert [v.step for v in scan(l0).valid] == [12, 13]
+    assert [v.step for v in scan(tmp_path / "l1").valid] == [10]
+    # A fresh start recorded nothing; the resume from L0 is recorded for the agent.
+    assert read_restore_report(tmp_path / "state" / RESTORE_FILENAME) is None
+    resumed, model2, counter2 = make_session(tmp_path, every_steps=10, l0_dir=l0)
+    assert resumed.resume() == 13
+    assert resumed.resumed is not None and resumed.resumed.layer == "l0"
+    assert counter2.position == counter.position
+    assert torch.equal(model2.weight, model.weight)
+    report = read_restore_report(tmp_path / "state" / RESTORE_FILENAME)
+    assert report is not None and (report.step, report.from_layer) == (13, "l0")
+    assert report.time is not None
+    resumed.close()
+
+
+def test_a_resume_from_the_checkpoint_the_restore_step_reported_keeps_its_report(
+    tmp_path: Path,
+) -> None:
+    session, model, counter = make_session(tmp_path, every_steps=2)
+    session.resume()
+    for step in (1, 2):
+        train_step(session, model, counter)
+        session.end_step(step)
+    session.close()
+    # The restore step brought step 2 into L1 from a remote layer (its origin is its own).
+    path = tmp_path / "state" / RESTORE_FILENAME
+    write_restore_report(path, RestoreReport(step=2, from_layer="s3", origin="attempt 1"))
+    before = path.read_bytes()
+    resumed, _, _ = make_session(tmp_path, every_steps=2, l0_dir=tmp_path / "l0")
+    assert resumed.resume() == 2
+    resumed.close()
+    assert path.read_bytes() == before

@@ -74,9 +74,12 @@ def test_kill_and_resume_gives_the_same_loss_curve(data_dir: Path, tmp_path: Pat
 
     state = json.loads((root / "state" / "supervisor.json").read_text())
     assert [entry["signal"] for entry in state["history"]] == ["SIGKILL", None]
-    # The second attempt resumed from a checkpoint (a multiple of 7), not from scratch.
-    resumed_from = re.findall(r"resumed from \S*step-(\d{8})", stderr)
-    assert len(resumed_from) == 1 and int(resumed_from[0]) % 7 == 0 and int(resumed_from[0]) > 0
+    # The second attempt resumed from a checkpoint, not from scratch: from L0 (the supervisor's
+    # own in memory, a snapshot about every step) or from L1 (a multiple of 7).
+    resumed_from = re.findall(r"resumed from \S*step-(\d{8}) \(layer (l0|l1)\)", stderr)
+    assert len(resumed_from) == 1, stderr[-3000:]
+    [(step, layer)] = resumed_from
+    assert int(step) > 0 and (layer == "l0" or int(step) % 7 == 0), (step, layer)
     logged = losses(resumed_log)
     # Every loss ever logged (before the kill, replayed, after) matches the reference exactly.
     assert all(loss == reference[step] for step, loss in logged)

@@ -134,11 +134,14 @@ def test_minimal_pod_field_by_field() -> None:
     }
     assert mounts(trainer) == {
         "/trainguard/l1": {"name": "l1", "mountPath": "/trainguard/l1"},
+        "/trainguard/l0": {"name": "l0", "mountPath": "/trainguard/l0"},
         "/trainguard/state": {"name": "state", "mountPath": "/trainguard/state"},
         "/trainguard/logs": {"name": "logs", "mountPath": "/trainguard/logs"},
     }
+    # L0 in pod memory: 2 kept checkpoints and the one being written, 16 GB each.
     assert volumes(manifest) == {
         "l1": {"name": "l1", "emptyDir": {"sizeLimit": "45777Mi"}},
+        "l0": {"name": "l0", "emptyDir": {"medium": "Memory", "sizeLimit": "45777Mi"}},
         "state": {"name": "state", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
         "logs": {"name": "logs", "emptyDir": {"sizeLimit": "2048Mi"}},
         "tmp": {"name": "tmp", "emptyDir": {"sizeLimit": "128Mi"}},
@@ -611,3 +614,24 @@ def test_spec_hash_ignores_suspend_and_sees_everything_else() -> None:
     assert spec_hash(make_run({"suspend": True}).spec) == base
     assert spec_hash(make_run({"trainer": {"image": "trainer:2"}}).spec) != base
     assert spec_hash(make_run({"monitor": {"hangAfterSeconds": 600}}).spec) != base
+
+
+def test_l0_is_pod_memory_in_the_trainer_and_read_only_in_the_agent() -> None:
+    manifest = pod({"checkpoints": {"size": "1Gi"}, "data": {"source": {"uri": "s3://shards/x"}}})
+    # The two kept checkpoints and the one being written, in memory.
+    assert volumes(manifest)["l0"] == {
+        "name": "l0",
+        "emptyDir": {"medium": "Memory", "sizeLimit": "3072Mi"},
+    }
+    holders = {
+        name: mounts(container).get(env.DEFAULT_L0_DIR)
+        for name, container in containers(manifest).items()
+    }
+    assert holders == {
+        "agent": {"name": "l0", "mountPath": "/trainguard/l0", "readOnly": True},
+        "preflight": None,
+        "stage-data": None,
+        "trainer": {"name": "l0", "mountPath": "/trainguard/l0"},
+    }
+    for container in containers(manifest).values():
+        assert env_of(container)[env.L0_DIR] == env.DEFAULT_L0_DIR

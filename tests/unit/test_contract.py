@@ -85,6 +85,7 @@ def expected_from_spec(
         "pod_name": POD,
         "node_name": NODE,
         "l1_dir": Path(spec.checkpoints.l1.mount_path),
+        "l0_dir": Path(env.DEFAULT_L0_DIR),
         "data_dir": Path(spec.data.mount_path),
         "state_dir": state,
         "heartbeat_file": state / files.HEARTBEAT_FILENAME,

@@ -9,10 +9,10 @@ import pytest
 
 from trainguard.agent.shipper import LayerState
 from trainguard.api.constants import ShippingState
-from trainguard.api.status import LayerCheckpoint, Shipping
+from trainguard.api.status import LayerCheckpoint, Restore, Shipping
 from trainguard.operator.conditions import merge_layers
 from trainguard.operator.k8s.leases import lease_view
-from trainguard.operator.policies.layers import parse_layers
+from trainguard.operator.policies.layers import parse_layers, parse_restore
 
 pytestmark = pytest.mark.unit
 
@@ -146,3 +146,40 @@ def test_a_layers_time_is_when_its_step_was_first_seen() -> None:
     assert (newer[0].step, newer[0].time) == (60, T1)
     none = merge_layers([], parse_layers(_report(s3=LayerState("failed", None, 40))), T1)
     assert none[0].step is None and none[0].time is None  # none verified yet: no age
+
+
+def test_l0_is_what_the_pods_agent_reports_never_carried_over() -> None:
+    # A remote layer keeps its newest step across attempts (the copy is still there); L0 lives
+    # in pod memory: the new pod's empty L0 replaces the old one's step.
+    old = merge_layers([], parse_layers('{"l0":{"step":57},"s3":{"state":"idle","step":40}}'), T0)
+    assert [(c.layer, c.step, c.time) for c in old] == [("l0", 57, T0), ("s3", 40, T0)]
+    same = merge_layers(old, parse_layers('{"l0":{"step":57}}'), T1)
+    assert [(c.layer, c.step, c.time) for c in same] == [("l0", 57, T0), ("s3", 40, T0)]
+    fresh = merge_layers(same, parse_layers('{"l0":{},"s3":{"state":"idle"}}'), T1)
+    assert [(c.layer, c.step, c.verified, c.time) for c in fresh] == [
+        ("l0", None, False, None),
+        ("s3", 40, True, T0),
+    ]
+
+
+def test_the_restore_record_of_the_lease_is_the_status_last_restore() -> None:
+    annotations = {
+        "trainguard.dev/restored": json.dumps(
+            {
+                "step": 57,
+                "layer": "l0",
+                "time": T1.timestamp(),
+                "message": "restored step 57 from layer l0",
+            }
+        )
+    }
+    lease = lease_view({"metadata": {"annotations": annotations}})
+    restore = parse_restore(lease.restored, attempt=2)
+    assert restore == Restore(
+        layer="l0", step=57, attempt=2, time=T1, message="restored step 57 from layer l0"
+    )
+    fresh = parse_restore('{"message":"no checkpoint to restore: started fresh"}', 1)
+    assert fresh is not None and (fresh.layer, fresh.step) == (None, None)
+    too_long = json.dumps({"layer": "x" * 64, "message": "restored"})
+    for malformed in ("", "not json", "[]", '{"step":3}', too_long):
+        assert parse_restore(malformed, 1) is None, malformed

@@ -126,6 +126,22 @@ def test_the_last_invalid_checkpoint_is_shown(
     )
 
 
+def test_the_last_resume_and_l0_are_shown(
+    run: dict[str, Any], events: list[dict[str, Any]]
+) -> None:
+    run["status"]["checkpoints"] = [{"layer": "l0", "step": 57, "verified": True}]
+    run["status"]["lastRestore"] = {
+        "layer": "l0",
+        "step": 57,
+        "attempt": 1,
+        "time": "2026-12-04T10:03:07Z",
+        "message": "restored step 57 from layer l0",
+    }
+    lines = _section(render(run, events), "Checkpoints").splitlines()
+    assert any(line.split()[:3] == ["l0", "57", "yes"] for line in lines), lines
+    assert lines[-1] == "  last resume: restored step 57 from layer l0 (attempt 1) at 10:03:07"
+
+
 def test_timeline_marks_warnings_and_names_the_agent(
     run: dict[str, Any], events: list[dict[str, Any]]
 ) -> None:

@@ -4,11 +4,15 @@ Candidates are tried from the highest step down. Each is checked cheaply first (
 sizes), then read once into memory while hashing; only when every hash matches is any state
 decoded, so a corrupt checkpoint is never used, even partially. Invalid checkpoints are
 reported and skipped, never deleted.
+
+Several layers (L0 in pod memory, L1 on local disk: `load_newest_of`) are one list of
+candidates, the highest step first whichever layer holds it (at the same step, the layer named
+first), so a corrupt L0 checkpoint falls back to the newest that verifies in either layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,10 +39,16 @@ class LoadedCheckpoint:
 
 @dataclass(frozen=True)
 class LoadResult:
-    """The newest valid checkpoint (None on a fresh run) and the invalid ones skipped."""
+    """The newest valid checkpoint (None on a fresh run) and the invalid ones skipped.
+
+    `layer`: the name of the layer it was loaded from (`load_newest_of`); `skipped_layers`:
+    the layer of each skipped one, in the same order.
+    """
 
     loaded: LoadedCheckpoint | None
     skipped: tuple[Verification, ...]
+    layer: str | None = None
+    skipped_layers: tuple[str, ...] = ()
 
 
 class CheckpointCorruptError(RuntimeError):
@@ -87,28 +97,52 @@ def load_newest(
     root: Path, *, on_invalid: Callable[[Verification], None] | None = None
 ) -> LoadResult:
     """Load the newest valid checkpoint under `root`, skipping (and reporting) invalid ones."""
+    report = None if on_invalid is None else (lambda _layer, result: on_invalid(result))
+    return load_newest_of(((str(root), root),), on_invalid=report)
+
+
+def load_newest_of(
+    layers: Sequence[tuple[str, Path]],
+    *,
+    on_invalid: Callable[[str, Verification], None] | None = None,
+) -> LoadResult:
+    """Load the newest valid checkpoint of several layers (name, root), newest step first.
+
+    At the same step the layer named first wins. Each invalid one is reported with its layer.
+    """
     skipped: list[Verification] = []
+    skipped_layers: list[str] = []
 
-    def skip(result: Verification) -> None:
+    def skip(layer: str, result: Verification) -> None:
         skipped.append(result)
+        skipped_layers.append(layer)
         if on_invalid is not None:
-            on_invalid(result)
+            on_invalid(layer, result)
 
-    for _, path in list_checkpoint_dirs(root):
+    candidates = sorted(
+        (
+            (-step, order, layer, path)
+            for order, (layer, root) in enumerate(layers)
+            for step, path in list_checkpoint_dirs(root)
+        ),
+        key=lambda candidate: candidate[:2],
+    )
+    for _, _, layer, path in candidates:
         quick = verify(path, check_hashes=False)
         if quick.manifest is None or not quick.ok:
-            skip(quick)
+            skip(layer, quick)
             continue
         try:
             loaded = load_checkpoint(path, quick.manifest)
         except CheckpointCorruptError as error:
-            skip(Verification(path, quick.step, quick.manifest, (error.problem,)))
+            skip(layer, Verification(path, quick.step, quick.manifest, (error.problem,)))
             continue
         except OSError as error:
-            skip(Verification(path, quick.step, quick.manifest, (Problem(None, str(error)),)))
+            problem = Problem(None, str(error))
+            skip(layer, Verification(path, quick.step, quick.manifest, (problem,)))
             continue
-        return LoadResult(loaded, tuple(skipped))
-    return LoadResult(None, tuple(skipped))
+        return LoadResult(loaded, tuple(skipped), layer, tuple(skipped_layers))
+    return LoadResult(None, tuple(skipped), None, tuple(skipped_layers))
 
 
 def load_step(root: Path, step: int) -> LoadedCheckpoint:

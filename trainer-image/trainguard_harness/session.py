@@ -19,6 +19,19 @@ Several ranks (torchrun, `trainguard_harness.ranks`): every rank reports its ste
 heartbeat; only rank 0 saves (the state is replicated); `resume()` loads on every rank the
 checkpoint rank 0 chose, so all ranks start from the same step. Initialise the process group
 before `resume()`.
+
+L0 (`HarnessSettings.l0_dir`, the pod-memory layer the operator mounts; off when unset): a
+second writer keeps the last `L0_KEEP_LAST` checkpoints there, in the same verified format, at
+a cadence of its own: after a step, once the previous L0 persist is done, when a snapshot's
+stall (the least of the last `L0_STALL_SAMPLES`) is at most `L0_STALL_BUDGET` (1 %) of the
+loop's time since the last one, or at most `L0_STALL_FLOOR_S` (5 ms, the fixed cost of copying
+a small state tensor by tensor, which a step of seconds does not notice). So a small state is
+snapshotted every step, a large one as often as 1 % of the loop allows (3 GB at 0.26 s: one
+every 26 s); it never waits for a persist. L0 survives the trainer's death (the pod owns it),
+so `resume()` takes the newest checkpoint that verifies across L0 and L1 and a software death
+loses about one step. A resume that did not come from the checkpoint the restore step
+reported (one from L0, or a newer L1 one after a restart in place) is recorded in
+`restore.json` for the agent to tell.
 """
 
 from __future__ import annotations
@@ -28,18 +41,33 @@ import re
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol, TypeVar
 
-from trainguard.api.constants import L1_LAYER, FoundBy
+from trainguard.api.constants import L0_LAYER, L1_LAYER, FoundBy
 from trainguard.ckpt import Contents, Problem, Verification, step_dirname
+from trainguard.contract.env import L0_KEEP_LAST
+from trainguard.contract.files import (
+    RESTORE_FILENAME,
+    RestoreReport,
+    read_restore_report,
+    write_restore_report,
+)
 from trainguard.contract.findings import MAX_HEARTBEAT_FINDINGS, Finding, newest
 from trainguard_harness import heartbeat as hb
 from trainguard_harness import rng
 from trainguard_harness.heartbeat import Heartbeat
 from trainguard_harness.ranks import Ranks, agree_on_step, from_rank0, process_group
-from trainguard_harness.reader import LoadedCheckpoint, LoadResult, load_newest, load_step
+from trainguard_harness.reader import (
+    CheckpointCorruptError,
+    LoadedCheckpoint,
+    LoadResult,
+    load_newest_of,
+    load_step,
+)
 from trainguard_harness.settings import HarnessSettings, OnSaveError
 from trainguard_harness.stackdump import install_stack_dumps
 from trainguard_harness.writer import (
@@ -56,6 +84,15 @@ RNG_COMPONENT = "rng"
 _COMPONENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 # tokens/s is averaged over at least this long, so one fast or slow step does not dominate.
 RATE_WINDOW_S = 1.0
+# L0's share of the loop's time: a snapshot is taken once the time since the last one is at
+# least its stall / this (1 %: 0.1 ms of stall for a 10 ms step allows one every step).
+L0_STALL_BUDGET = 0.01
+# A snapshot stalling at most this long is taken every step, whatever the step time.
+L0_STALL_FLOOR_S = 0.005
+# The stall a snapshot is expected to cost: the least of the last few. Other processes taking
+# the CPU mid-copy only ever lengthen a stall; on a busy node the median of the wall times
+# suspended L0 for seconds after one preempted copy (steps lost: median 3 instead of 1).
+L0_STALL_SAMPLES = 5
 
 T = TypeVar("T")
 
@@ -116,6 +153,25 @@ class TrainingSession:
             verify_after_write=verify_after_write,
             on_event=self._on_event,
         )
+        # Rank 0 alone saves, so it alone is L0's writer (and removes a killed writer's leftovers).
+        l0_dir = self.settings.l0_dir
+        self.l0_writer = (
+            None
+            if l0_dir is None or not self.ranks.saves
+            else CheckpointWriter(
+                l0_dir,
+                keep_last=L0_KEEP_LAST,
+                algorithm=self.settings.hash_algorithm,
+                verify_after_write=verify_after_write,
+                on_event=self._on_l0_event,
+                # Short writes into memory that must keep up with the steps: not yielded to
+                # the loop (a niced persist starves on a busy node and L0 falls steps behind).
+                background=False,
+            )
+        )
+        self.last_l0_step: int | None = None
+        self._l0_stalls: deque[float] = deque(maxlen=L0_STALL_SAMPLES)  # the last stalls
+        self._l0_time = time.monotonic()
         self.stacks_file = install_stack_dumps(self.settings.state_dir)
         self.stop_requested = False
         if handle_sigterm and threading.current_thread() is threading.main_thread():
@@ -155,16 +211,31 @@ class TrainingSession:
         elif event.kind is EventKind.FAILED:
             self.heartbeat.update(checkpoint_error=event.message)
         elif event.kind is EventKind.INVALID:
-            self._found(event.step, event.problems)
+            self._found(L1_LAYER, event.step, event.problems)
 
-    def _on_invalid(self, result: Verification) -> None:
-        LOG.error("skipping invalid checkpoint %s: %s", result.path, "; ".join(result.reasons))
-        self.writer.note_invalid(result.path)  # kept: keep-last-N could not tell it later
-        self._found(result.step, result.problems)
+    def _on_l0_event(self, event: CheckpointEvent) -> None:
+        # L0 is the fast layer, not the durable one: its saves are not the heartbeat's
+        # checkpoint (L1's), and a failed one only costs its cadence.
+        if event.kind is EventKind.INVALID:
+            log_event(event)
+            self._found(L0_LAYER, event.step, event.problems)
+        elif event.kind is EventKind.FAILED:
+            LOG.warning("L0 %s", event.message)
+        elif event.kind is not EventKind.SAVED:
+            LOG.debug("L0 %s", event.message)
 
-    def _found(self, step: int | None, problems: tuple[Problem, ...]) -> None:
-        """An invalid L1 checkpoint, for the agent to tell: into the heartbeat's newest list."""
-        finding = Finding.of(L1_LAYER, step, problems, FoundBy.SCAN)
+    def _on_invalid(self, layer: str, result: Verification) -> None:
+        LOG.error(
+            "skipping invalid %s checkpoint %s: %s", layer, result.path, "; ".join(result.reasons)
+        )
+        writer = self.l0_writer if layer == L0_LAYER else self.writer
+        if writer is not None:
+            writer.note_invalid(result.path)  # kept: keep-last-N could not tell it later
+        self._found(layer, result.step, result.problems)
+
+    def _found(self, layer: str, step: int | None, problems: tuple[Problem, ...]) -> None:
+        """An invalid checkpoint, for the agent to tell: into the heartbeat's newest list."""
+        finding = Finding.of(layer, step, problems, FoundBy.SCAN)
         with self._findings_lock:
             self._findings = newest(self._findings, finding, MAX_HEARTBEAT_FINDINGS)
             listed = [f.to_dict() for f in self._findings]
@@ -178,41 +249,102 @@ class TrainingSession:
         state[RNG_COMPONENT] = rng.capture()
         return state
 
+    def _layers(self) -> list[tuple[str, Path]]:
+        """The layers a resume reads, L0 first (at the same step, memory is the faster read)."""
+        l0_dir = self.settings.l0_dir
+        layers = [] if l0_dir is None else [(L0_LAYER, l0_dir)]
+        return [*layers, (L1_LAYER, self.settings.l1_dir)]
+
+    def _load_agreed(self, step: int) -> LoadResult | None:
+        """The checkpoint of `step` rank 0 chose, from the first layer that holds it verified.
+
+        None where no layer of this pod holds it at all (a gang's member other than 0); a copy
+        that is there but does not verify anywhere raises CheckpointCorruptError.
+        """
+        error: CheckpointCorruptError | None = None
+        for layer, root in self._layers():
+            if not (root / step_dirname(step)).is_dir():
+                continue
+            try:
+                return LoadResult(load_step(root, step), (), layer)
+            except CheckpointCorruptError as failed:
+                error = failed
+        if error is not None:
+            raise error
+        return None
+
     def resume(self) -> int:
-        """Load the newest valid L1 checkpoint into the components; return its step (0 if none)."""
+        """Load the newest valid checkpoint of L0 and L1 into the components; return its step.
+
+        0 on a fresh run.
+        """
         self.heartbeat.update(phase=hb.PHASE_LOADING)
         # With a process group, every rank resumes from the step rank 0 chose (0: a fresh
         # start), never from its own pick; without one, each rank reads the newest itself.
         agreed = self.ranks.distributed and process_group() is not None
         if self.ranks.saves or not agreed:
             on_invalid = self._on_invalid if self.ranks.saves else None
-            result = load_newest(self.settings.l1_dir, on_invalid=on_invalid)
+            result = load_newest_of(self._layers(), on_invalid=on_invalid)
         else:
             result = LoadResult(None, ())
         chosen = agree_on_step(0 if result.loaded is None else result.loaded.step)
         if agreed and chosen:
             # This pod's own copy where it has one (ranks beside rank 0), else rank 0's: a gang
             # member other than member 0 keeps no checkpoints of its own.
-            mine = result.loaded if self.ranks.saves else self._own_copy(chosen)
-            loaded = from_rank0(mine)
-            if not self.ranks.saves:
-                result = LoadResult(loaded, ())
+            mine = (
+                LoadResult(result.loaded, (), result.layer)
+                if self.ranks.saves
+                else self._load_agreed(chosen)
+            )
+            shared = from_rank0(mine)
+            if not self.ranks.saves and shared is not None:
+                result = shared
         self.resumed = result
         step = 0
         if result.loaded is not None:
             restore_components(self.components, result.loaded)
             step = result.loaded.step
             self.last_saved_step = step
-            LOG.info("rank %d resumed from %s", self.ranks.rank, result.loaded.path)
-        self._last_save_time = time.monotonic()
+            LOG.info(
+                "rank %d resumed from %s (layer %s)",
+                self.ranks.rank,
+                result.loaded.path,
+                result.layer,
+            )
+        if self.ranks.saves:
+            self._record_restore(result)
+        self._last_save_time = self._l0_time = time.monotonic()
         self.heartbeat.update(phase=hb.PHASE_TRAINING, step=step, last_checkpoint_step=step or None)
         return step
 
-    def _own_copy(self, step: int) -> LoadedCheckpoint | None:
-        """The checkpoint of `step` in this pod's L1, verified; None where it is not there."""
-        if not (self.settings.l1_dir / step_dirname(step)).is_dir():
-            return None
-        return load_step(self.settings.l1_dir, step)
+    def _record_restore(self, result: LoadResult) -> None:
+        """Leave the resume in `restore.json` when it is not what the report there says.
+
+        The restore step reports what it brought into L1 before the first trainer starts; a
+        trainer that resumed from that checkpoint leaves its report (layer, origin) alone. One
+        from L0, or from another step (a restart in place), is recorded for the agent.
+        """
+        path = self.settings.pod.report_file(RESTORE_FILENAME)
+        step = None if result.loaded is None else result.loaded.step
+        reported = read_restore_report(path)
+        if result.layer != L0_LAYER and reported is not None and reported.step == step:
+            return
+        if reported is None and step is None and not result.skipped:
+            return  # a fresh start, as nobody reported otherwise
+        skipped = tuple(
+            f"{layer} {invalid.path.name}: {'; '.join(invalid.reasons)}"
+            for layer, invalid in zip(result.skipped_layers, result.skipped, strict=True)
+        )
+        report = RestoreReport(
+            step=step,
+            from_layer=result.layer if step is not None else None,
+            skipped=skipped,
+            time=time.time(),
+        )
+        try:
+            write_restore_report(path, report)
+        except OSError as error:  # the report is for the agent; training goes on without it
+            LOG.warning("could not record the resume in %s: %s", path, error)
 
     def due(self, step: int) -> bool:
         """Whether the cadence calls for a checkpoint after `step`."""
@@ -244,8 +376,46 @@ class TrainingSession:
             self.save(step)
         elif self._steps_this_process == 1:
             # Shapes are final after the first step (optimizer state exists now): allocate the
-            # snapshot buffer in the background so the first save is as cheap as the others.
-            self._guard(lambda: self.writer.prepare(self.state()))
+            # snapshot buffers in the background so the first save is as cheap as the others.
+            state = self.state()
+            self._guard(lambda: self.writer.prepare(state))
+            if self.l0_writer is not None:
+                self._l0(lambda writer: writer.prepare(state))
+            return
+        self.save_l0(step)
+
+    def l0_due(self) -> bool:
+        """Whether L0 takes a snapshot now: its stall fits the budget, its writer is idle."""
+        if self.l0_writer is None or self.l0_writer.busy:
+            return False
+        cost = min(self._l0_stalls, default=0.0)
+        budget = (time.monotonic() - self._l0_time) * L0_STALL_BUDGET
+        return cost <= max(L0_STALL_FLOOR_S, budget)
+
+    def save_l0(self, step: int, *, force: bool = False) -> SaveStats | None:
+        """Snapshot into L0 when its cadence calls for it (or `force`, once its writer is idle).
+
+        A failed L0 persist is logged and costs only its cadence: L1 is the durable layer.
+        """
+        writer = self.l0_writer
+        if writer is None or not (force or self.l0_due()):
+            return None
+        state = self.state()
+        stats = self._l0(lambda writer: writer.save(step, state))
+        self._l0_time = time.monotonic()
+        if stats is not None:
+            self._l0_stalls.append(stats.stall_seconds)
+            self.last_l0_step = step
+        return stats
+
+    def _l0(self, action: Callable[[CheckpointWriter], T]) -> T | None:
+        """Run `action` on L0's writer; its failure is logged, never raised into training."""
+        assert self.l0_writer is not None
+        try:
+            return action(self.l0_writer)
+        except CheckpointSaveError as error:
+            LOG.warning("L0: %s; training continues", error)
+            return None
 
     def save(self, step: int) -> SaveStats | None:
         """Checkpoint now, after the previous persist; None if this save could not start.
@@ -286,4 +456,6 @@ class TrainingSession:
                 self.save(step)
             self._guard(self.writer.close)
         finally:
+            if self.l0_writer is not None:
+                self._l0(lambda writer: writer.close())
             self.heartbeat.close()

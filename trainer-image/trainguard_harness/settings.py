@@ -38,6 +38,8 @@ class HarnessSettings:
     """Paths and cadence of one trainer process."""
 
     l1_dir: Path = _POD_DEFAULTS.l1_dir
+    # L0 in pod memory (`trainguard_harness.session`); None: off.
+    l0_dir: Path | None = _POD_DEFAULTS.l0_dir
     data_dir: Path = Path(DEFAULT_DATA_DIR)
     state_dir: Path = _POD_DEFAULTS.state_dir
     heartbeat_file: Path = _POD_DEFAULTS.heartbeat
@@ -78,6 +80,7 @@ class HarnessSettings:
         pod = PodEnv.from_env(os.environ if environ is None else environ)
         values: dict[str, Any] = {
             "l1_dir": pod.l1_dir,
+            "l0_dir": pod.l0_dir,
             "state_dir": pod.state_dir,
             "heartbeat_file": pod.heartbeat,
             "keep_last": pod.keep_last,

@@ -53,6 +53,11 @@ for the command; the restarted trainer skips the import (`--no-standby` starts e
 afresh). One rank only: torchrun starts
 the ranks of a multi-rank pod.
 
+L0, the checkpoint layer in memory that outlives a trainer (`TRAINGUARD_L0_DIR`), is the pod's
+in a pod. Where the supervisor runs without one (by hand, in tests) it gives its children one
+of its own under `/dev/shm` (`L0_SHM_DIR`), which outlives each trainer as the pod's would, and
+removes it when supervision ends; where there is no `/dev/shm`, L0 stays off.
+
 It also answers the pod agent's kill requests (`kill-request.json` next to the state file):
 the agent watches from another container, as another user, and may not signal the trainer.
 A request naming the running child's PID (or one of its ranks') gets SIGUSR1 (the harness
@@ -70,12 +75,14 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -123,6 +130,8 @@ STACK_WAIT_S = 3.0
 # the launcher or, orphaned, by the supervisor).
 RANKS_GONE_WAIT_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36
+# Where a supervisor without a pod's L0 makes one for its children (memory, like the pod's).
+L0_SHM_DIR = Path("/dev/shm")
 
 
 @dataclass
@@ -553,6 +562,23 @@ class Supervisor:
                 return 128 + self.terminating
 
 
+def own_l0(environ: MutableMapping[str, str]) -> Path | None:
+    """Give the children an L0 in memory when none is set: the directory made, or None.
+
+    Sets `TRAINGUARD_L0_DIR` in `environ` (the children's environment) to a new private
+    directory under `L0_SHM_DIR`; None, and `environ` untouched, where L0 is set already or
+    there is no `/dev/shm`.
+    """
+    if environ.get(env.L0_DIR) or not L0_SHM_DIR.is_dir():
+        return None
+    try:
+        made = Path(tempfile.mkdtemp(prefix="trainguard-l0-", dir=L0_SHM_DIR))
+    except OSError:
+        return None
+    environ[env.L0_DIR] = str(made)
+    return made
+
+
 def recovery_defaults(environ: dict[str, str]) -> tuple[int, float, float, float]:
     """(max restarts, first delay, longest delay, reset after) from the run's `spec.recovery`.
 
@@ -667,6 +693,16 @@ def main(argv: list[str]) -> int:
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     share_with_pod()  # inherited by the training command
+    l0 = own_l0(os.environ)  # the children's environment
+    try:
+        return _supervise_command(args)
+    finally:
+        if l0 is not None:
+            shutil.rmtree(l0, ignore_errors=True)
+
+
+def _supervise_command(args: argparse.Namespace) -> int:
+    """Supervise the command of `args` (with GPU readings unless turned off)."""
     settings = HarnessSettings.from_env()
     state_file = args.state_file or settings.supervisor_state_file
     supervisor = Supervisor(

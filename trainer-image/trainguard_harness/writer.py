@@ -137,6 +137,7 @@ class CheckpointWriter:
         algorithm: str = DEFAULT_ALGORITHM,
         verify_after_write: bool = True,
         on_event: EventSink = log_event,
+        background: bool = True,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
@@ -147,8 +148,13 @@ class CheckpointWriter:
         self.verify_after_write = verify_after_write
         self._on_event = on_event
         self._snapshotter = HostSnapshotter()
+        # `background`: the persist yields the CPU to the training loop (a disk write may take
+        # seconds); without it, it runs at the loop's priority (L0's short writes into memory,
+        # which must keep up with the steps).
         self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="trainguard-ckpt", initializer=lower_thread_priority
+            max_workers=1,
+            thread_name_prefix="trainguard-ckpt",
+            initializer=lower_thread_priority if background else None,
         )
         self._pending: Future[PersistStats | None] | None = None
         self.last_persisted: PersistStats | None = None

@@ -7,10 +7,13 @@ changed verdict renews at once and becomes an Event. On `Hung` it has the traine
 dumped (the harness's faulthandler signal) into its log and an Event, and the training process
 killed so the supervisor restarts it in place (`trainguard.agent.stopping`: through the
 supervisor, since the agent runs as another user); a kill that did not happen is an Event too.
-Every invalid checkpoint the restore step, the shipper or the harness found is a Warning Event
-`InvalidCheckpoint`, once, and the Lease carries how many per layer and the last one
-(`trainguard.agent.findings`). When the API is unreachable it keeps monitoring and retries
-with back-off: the agent never crash-loops.
+Every restore record (`restore.json`: the restore step's at the pod's start, the harness's
+when a restarted trainer resumed from elsewhere, e.g. from L0) is a `Restored` Event and the
+Lease's `trainguard.dev/restored`; the Lease also carries L0's newest checkpoint beside the
+remote layers' states. Every invalid checkpoint the restore step, the shipper or the harness
+found is a Warning Event `InvalidCheckpoint`, once, and the Lease carries how many per layer
+and the last one (`trainguard.agent.findings`). When the API is unreachable it keeps
+monitoring and retries with back-off: the agent never crash-loops.
 """
 
 from __future__ import annotations
@@ -45,7 +48,12 @@ from trainguard.agent.wake import StateFileWake
 from trainguard.api import constants
 from trainguard.contract import env, reports
 from trainguard.contract.env import PodEnv
-from trainguard.contract.files import RESTORE_FILENAME, read_restore_report, share_with_pod
+from trainguard.contract.files import (
+    RESTORE_FILENAME,
+    RestoreReport,
+    read_restore_report,
+    share_with_pod,
+)
 from trainguard.contract.findings import Finding
 from trainguard.layers import LayerConfig, open_layer
 from trainguard.layers.lineage import Lineage, Origin
@@ -167,7 +175,8 @@ class Agent:
         self.shipper = shipper
         self.pending_events: list[tuple[str, str, bool]] = []
         self.told = Told()  # the invalid checkpoints told of
-        self.restored = ""
+        self.restored = ""  # the restore record's summary (JSON), once there is one
+        self.restore_report: RestoreReport | None = None
         self.note_restore()
         # The API's own model: the same defaults and bounds as the CRD.
         monitor = self.pod.monitor
@@ -203,22 +212,24 @@ class Agent:
         self.wake = StateFileWake(self.pod.supervisor_file)
 
     def note_restore(self) -> None:
-        """Tell what the restore step did, once its account is there.
+        """Tell each restore record once it is there: the restore step's, then the harness's.
 
-        The agent is a native sidecar: it starts before the restore step has run.
+        The agent is a native sidecar: it starts before the restore step has run; a trainer
+        restarted in place that resumed from another checkpoint (L0) leaves a new record.
         """
         report = read_restore_report(self.pod.report_file(RESTORE_FILENAME))
-        self.restored = "" if report is None else report.line()
-        if self.restored:
-            log(self.restored)
-            self.pending_events.append(("Restored", self.restored, False))
-        if report is not None and report.fenced:
+        if report is None or report == self.restore_report:
+            return
+        self.restore_report = report
+        self.restored = json.dumps(report.summary(), separators=(",", ":"), sort_keys=True)
+        log(report.line())
+        self.pending_events.append(("Restored", report.line(), False))
+        if report.fenced:
             fenced = "; ".join(report.fenced)
             log(f"restore ignored fenced checkpoints: {fenced}")
             message = f"restore ignored what superseded attempts shipped after a fence: {fenced}"
             self.pending_events.append(("FencedCheckpointsIgnored", _fit(message), True))
-        if report is not None:
-            self.note_findings(report.findings)
+        self.note_findings(report.findings)
 
     def note_findings(self, findings: Iterable[Finding]) -> None:
         """Tell each invalid checkpoint not told yet: a log line and a Warning Event."""
@@ -230,8 +241,7 @@ class Agent:
 
     def step(self) -> Verdict:
         """Observe, classify, act on Hung, report."""
-        if not self.restored:
-            self.note_restore()
+        self.note_restore()
         now = time.monotonic()
         signals = self.collector.collect(now, time.time())
         self.note_findings(self.collector.findings)
@@ -291,8 +301,13 @@ class Agent:
         """The Lease annotations for one renewal."""
         saved = newest_saved_step(self.pod.l1_dir)
         extra = {}
-        if self.shipper is not None:
-            extra[ANNOTATION_LAYERS], self.reporting = layers_report(self.shipper.states())
+        states = {} if self.shipper is None else dict(self.shipper.states())
+        if self.pod.l0_dir is not None:
+            # L0 is never shipped: its newest checkpoint only, beside the remote layers'.
+            states[constants.L0_LAYER] = {"step": newest_saved_step(self.pod.l0_dir)}
+        if states:
+            extra[ANNOTATION_LAYERS], self.reporting = layers_report(states)
+            self.reporting.pop(constants.L0_LAYER, None)
         if self.restored:
             extra[ANNOTATION_RESTORED] = self.restored
         invalid = self.told.annotation()

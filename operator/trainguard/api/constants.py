@@ -89,6 +89,9 @@ ANNOTATION_CHECKED_NODE = f"{PREFIX}checked-node"
 
 # Status name of the local checkpoint layer (remote layer names may not take it).
 L1_LAYER = "l1"
+# Status name of the checkpoint layer in pod memory (`trainguard.contract.env.L0_DIR`): it
+# survives a trainer's death, never the pod, and is never shipped.
+L0_LAYER = "l0"
 
 # Default GPU resource name requested for the trainer.
 GPU_RESOURCE = "nvidia.com/gpu"

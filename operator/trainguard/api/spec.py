@@ -13,6 +13,7 @@ from pydantic import Field, Strict
 from trainguard.api.base import FieldRule, KubeModel, ObjectRule, map_list, unique_by
 from trainguard.api.constants import (
     GPU_RESOURCE,
+    L0_LAYER,
     L1_LAYER,
     MAX_NODES,
     Contents,
@@ -432,9 +433,10 @@ class SecretRef(KubeModel):
 LayerName = Annotated[
     DnsLabel,
     FieldRule(
-        cel=f"self != '{L1_LAYER}'",
-        message=f"'{L1_LAYER}' is reserved for the local layer; choose another name",
-        check=lambda name: name != L1_LAYER,
+        cel=f"self != '{L1_LAYER}' && self != '{L0_LAYER}'",
+        message=f"'{L1_LAYER}' and '{L0_LAYER}' are reserved for the local layers; "
+        "choose another name",
+        check=lambda name: name not in (L1_LAYER, L0_LAYER),
     ),
 ]
 
@@ -490,7 +492,8 @@ class RemoteLayer(KubeModel):
     )
 
     name: LayerName = Field(
-        description=f"Name of the layer (a DNS label, unique, not '{L1_LAYER}'); used in status."
+        description=f"Name of the layer (a DNS label, unique, not '{L1_LAYER}' or '{L0_LAYER}'); "
+        "used in status."
     )
     uri: Uri = Field(
         description=(

@@ -186,6 +186,20 @@ class InvalidCheckpointCount(StatusModel):
     )
 
 
+class Restore(StatusModel):
+    """The checkpoint the trainer last resumed from, and its layer."""
+
+    layer: LayerName | None = Field(
+        default=None,
+        description="Layer it came from: a remote layer's name or l1 (the restore step, at a "
+        "pod's start), l0 or l1 (a trainer restarted in place); none: a fresh start.",
+    )
+    step: int | None = Field(default=None, ge=0, description="Step of the checkpoint.")
+    attempt: int | None = Field(default=None, ge=1, description="Attempt whose pod resumed.")
+    time: Timestamp | None = Field(default=None, description="When it resumed (the pod's clock).")
+    message: Message = Field(description="What the pod reported, in one line.")
+
+
 class Failure(StatusModel):
     """The last failure of the run, with its evidence."""
 
@@ -361,6 +375,11 @@ class TrainingRunStatus(StatusModel):
         "attempt is not created before this time.",
     )
     last_failure: Failure | None = Field(default=None, description="The last failure.")
+    last_restore: Restore | None = Field(
+        default=None,
+        description="The last resume: at a pod's start (the restore step) or after a restart "
+        "in place (the trainer, e.g. from l0), with the layer and step it came from.",
+    )
     last_invalid_checkpoint: InvalidCheckpoint | None = Field(
         default=None, description="The last checkpoint found invalid, of any attempt."
     )

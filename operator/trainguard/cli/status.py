@@ -141,10 +141,21 @@ def _checkpoints(status: Obj) -> list[str]:
                 detail += f": {shipping['message']}"
         verified = "yes" if layer.get("verified") else "no"
         rows.append((str(layer["layer"]), _value(layer.get("step")), verified, detail))
-    invalid = _last_invalid(status)
+    notes = [*_last_restore(status), *_last_invalid(status)]
     if len(rows) == 1:
-        return ["Checkpoints: none yet", *invalid]
-    return ["Checkpoints", *_table(rows), *invalid]
+        return ["Checkpoints: none yet", *notes]
+    return ["Checkpoints", *_table(rows), *notes]
+
+
+def _last_restore(status: Obj) -> list[str]:
+    """The checkpoint the trainer last resumed from (e.g. l0 after a restart in place)."""
+    last = status.get("lastRestore")
+    if not last:
+        return []
+    return [
+        f"  last resume: {last.get('message')} (attempt {_value(last.get('attempt'))}) "
+        f"at {_clock(last.get('time'))}"
+    ]
 
 
 def _last_invalid(status: Obj) -> list[str]:

@@ -17,6 +17,7 @@ built from an empty spec see the same values.
 | TRAINGUARD_POD_NAME | pod_name | the pod's name (downward API; the Lease holder) |
 | TRAINGUARD_NODE_NAME | node_name | node the pod runs on (downward API) |
 | TRAINGUARD_L1_DIR | l1_dir | L1 checkpoint directory on local disk (emptyDir or local PV) |
+| TRAINGUARD_L0_DIR | l0_dir | L0 checkpoint directory in pod memory (absent: L0 off) |
 | TRAINGUARD_DATA_DIR | data_dir | local copy of the data shards (absent: the run has no data) |
 | TRAINGUARD_STATE_DIR | state_dir | shared in-memory volume (`trainguard.contract.files`) |
 | TRAINGUARD_HEARTBEAT_FILE | heartbeat_file | heartbeat JSON written by the harness |
@@ -87,6 +88,7 @@ LEASE_NAME = "TRAINGUARD_LEASE_NAME"
 POD_NAME = "TRAINGUARD_POD_NAME"
 NODE_NAME = "TRAINGUARD_NODE_NAME"
 L1_DIR = "TRAINGUARD_L1_DIR"
+L0_DIR = "TRAINGUARD_L0_DIR"
 DATA_DIR = "TRAINGUARD_DATA_DIR"
 STATE_DIR = "TRAINGUARD_STATE_DIR"
 HEARTBEAT_FILE = "TRAINGUARD_HEARTBEAT_FILE"
@@ -130,6 +132,11 @@ NODE_PROVIDED = (
 
 # The shared state volume's mount path in every container (`trainguard.contract.files`).
 DEFAULT_STATE_DIR = "/trainguard/state"
+# L0, the checkpoint layer in pod memory (a memory-backed emptyDir the operator mounts into
+# the trainer and, read-only, the agent): where the operator mounts it, and how many
+# checkpoints it keeps (the newest verified one is never removed before a newer verified).
+DEFAULT_L0_DIR = "/trainguard/l0"
+L0_KEEP_LAST = 2
 # The port member 0 of a gang hosts torchrun's rendezvous on (PyTorch's own default).
 DEFAULT_MASTER_PORT = 29500
 # The run's heartbeat Lease is `<run>` + this suffix.
@@ -186,6 +193,8 @@ class PodEnv(BaseModel):
     pod_name: str = ""
     node_name: str = ""
     l1_dir: Path = Path(DEFAULT_L1_DIR)
+    # None: no L0 (a trainer run by hand; the supervisor gives its child one of its own).
+    l0_dir: Path | None = None
     data_dir: Path | None = None
     state_dir: Path = Path(DEFAULT_STATE_DIR)
     heartbeat_file: Path | None = None
@@ -367,6 +376,7 @@ _FIELDS: tuple[tuple[str, str, Callable[[str], Any], Callable[[Any], str]], ...]
     ("pod_name", POD_NAME, str, str),
     ("node_name", NODE_NAME, str, str),
     ("l1_dir", L1_DIR, Path, str),
+    ("l0_dir", L0_DIR, Path, str),
     ("data_dir", DATA_DIR, Path, str),
     ("state_dir", STATE_DIR, Path, str),
     ("heartbeat_file", HEARTBEAT_FILE, Path, str),

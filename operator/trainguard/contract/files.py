@@ -14,7 +14,7 @@ of the pod. What each file is, who writes it and who reads it:
 | `stacks-<pid>.txt` | the harness, on SIGUSR1 (faulthandler) | the agent, for the hang Event |
 | `preflight.json` | `trainguard preflight` | the agent (`trainguard.contract.reports`) |
 | `staging.json` | `trainguard stage-data` | the agent (`trainguard.contract.reports`) |
-| `restore.json` | `trainguard restore` | the agent (`read_restore_report`) |
+| `restore.json` | `trainguard restore`; the harness (a resume from L0) | the agent |
 
 In a pod of several ranks (`PodEnv.procs_per_node` > 1) every rank writes its own heartbeat,
 `heartbeat-<local rank>.json`, and local rank 0 also writes `heartbeat.json`, so a reader of the
@@ -221,6 +221,10 @@ class RestoreReport:
     list or fetch from); `findings`: the invalid checkpoints among them, one record each.
     `fenced`: the checkpoints it ignored because a superseded attempt shipped them after its
     fence (`trainguard.layers.lineage`), one line each.
+
+    The trainer harness writes one too when a trainer resumes from another checkpoint than
+    the one reported (from L0, or a newer L1 one after a restart in place), with `time` (wall
+    clock seconds): each resume is a record of its own, even from the same step.
     """
 
     step: int | None
@@ -229,6 +233,7 @@ class RestoreReport:
     origin: str | None = None
     fenced: tuple[str, ...] = ()
     findings: tuple[Finding, ...] = ()
+    time: float | None = None
 
     def line(self) -> str:
         """A one-line account for the agent's log and the run's Events."""
@@ -236,6 +241,11 @@ class RestoreReport:
             return "no checkpoint to restore: started fresh"
         origin = f" ({self.origin})" if self.origin else ""
         return f"restored step {self.step} from layer {self.from_layer}{origin}"
+
+    def summary(self) -> dict[str, Any]:
+        """The Lease's compact form (`trainguard.dev/restored`): step, layer, time, message."""
+        data = {"step": self.step, "layer": self.from_layer, "time": self.time}
+        return {**{k: v for k, v in data.items() if v is not None}, "message": self.line()}
 
 
 def write_restore_report(path: Path, report: RestoreReport) -> None:
@@ -254,6 +264,7 @@ def read_restore_report(path: Path) -> RestoreReport | None:
     step = data.get("step")
     layer = data.get("from_layer")
     origin = data.get("origin")
+    at = data.get("time")
     return RestoreReport(
         step=step if isinstance(step, int) else None,
         from_layer=str(layer) if layer else None,
@@ -261,4 +272,5 @@ def read_restore_report(path: Path) -> RestoreReport | None:
         origin=str(origin) if origin else None,
         fenced=tuple(str(line) for line in data.get("fenced") or ()),
         findings=read_findings(data.get("findings")),
+        time=float(at) if isinstance(at, int | float) else None,
     )

@@ -21,6 +21,7 @@ from datetime import datetime
 
 from trainguard.api import Condition, TrainingRunStatus
 from trainguard.api.constants import (
+    L0_LAYER,
     ConditionStatus,
     ConditionType,
     Phase,
@@ -35,6 +36,7 @@ from trainguard.api.status import (
     LayerCheckpoint,
     Member,
     Preflight,
+    Restore,
     Staging,
 )
 
@@ -109,6 +111,8 @@ class Observed:
     members: tuple[Member, ...] = ()
     members_ready: str | None = None
     gang_retry_time: datetime | None = None
+    # The current attempt's last restore record; None keeps what the status holds.
+    last_restore: Restore | None = None
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,7 @@ def advance(
             "members": list(observed.members),
             "members_ready": observed.members_ready,
             "gang_retry_time": observed.gang_retry_time,
+            "last_restore": observed.last_restore or old.last_restore,
             "start_time": old.start_time or (now if observed.started else None),
             "completion_time": old.completion_time
             or (now if state.complete or state.failed else None),
@@ -257,6 +262,12 @@ def merge_layers(
     merged = {layer.layer: layer for layer in old}
     for layer in new:
         before = merged.get(layer.layer)
+        if layer.layer == L0_LAYER:
+            # L0 lives in pod memory: a new pod's is empty, and what it reports is all there is.
+            seen = before.time if before is not None and before.step == layer.step else None
+            since = None if layer.step is None else seen or now
+            merged[L0_LAYER] = layer.model_copy(update={"time": since})
+            continue
         if before is not None and before.step is not None and (layer.step or -1) <= before.step:
             kept = {"step": before.step, "verified": before.verified, "time": before.time or now}
             layer = layer.model_copy(update=kept)

@@ -65,6 +65,7 @@ from pydantic import ValidationError
 from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import (
     GROUP,
+    L0_LAYER,
     L1_LAYER,
     PLURAL,
     VERSION,
@@ -86,6 +87,8 @@ LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
 DELETED = "DELETED"
 # `reason` label of an action not caused by a failure (a new run, a suspend, a spec change).
 NO_FAILURE = "None"
+# The pod's own layers (memory, local disk): no remote copy whose age the verified gauge tracks.
+LOCAL_LAYERS = frozenset({L0_LAYER, L1_LAYER})
 
 RunKey = tuple[str, str]
 
@@ -231,7 +234,7 @@ def _verified_ages(runs: Mapping[RunKey, TrainingRunStatus], now: datetime) -> G
         if status.phase != Phase.RUNNING or ready is None:
             continue
         for layer in status.checkpoints:
-            if layer.layer == L1_LAYER:
+            if layer.layer in LOCAL_LAYERS:
                 continue
             since = max(ready.last_transition_time, layer.time or ready.last_transition_time)
             family.add_metric(

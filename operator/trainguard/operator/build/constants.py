@@ -41,6 +41,7 @@ class Volume:
     # Not `credentials-<name>`: no remote layer's name can make its volume collide with it.
     DATA_SOURCE_CREDENTIALS = "data-source-credentials"
     L1 = "l1"
+    L0 = "l0"
     STATE = "state"
     LOGS = "logs"
     API_ACCESS = "api-access"

@@ -5,8 +5,9 @@ Containers, in start order: the agent as a native sidecar (an init container wit
 `stage-data` (when the data is staged) and `restore` (when there is a layer to restore
 from), then the trainer under the supervisor. Every container gets the env contract of
 `trainguard.contract.env`; the trainer's hot path (data, L1) is on local volumes sized by
-`trainguard.operator.build.sizing`; remote-layer volumes are mounted into the agent and the restore
-step only, never into the trainer.
+`trainguard.operator.build.sizing`; L0 is a memory-backed emptyDir in the trainer (and,
+read-only, in the agent, which reports its newest checkpoint); remote-layer volumes are
+mounted into the agent and the restore step only, never into the trainer.
 
 Credentials only where they are needed: the pod does not automount its service account's
 token; the agent alone mounts it (a projected volume), so the trainer, the user's own code,
@@ -39,7 +40,13 @@ from trainguard.api.constants import (
 )
 from trainguard.api.spec import Data, RemoteLayer
 from trainguard.api.types import FILE_URI_PREFIX
-from trainguard.contract.env import DEFAULT_MASTER_PORT, DEFAULT_STATE_DIR, PodEnv, lease_name
+from trainguard.contract.env import (
+    DEFAULT_L0_DIR,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_STATE_DIR,
+    PodEnv,
+    lease_name,
+)
 from trainguard.contract.files import GPU_FILENAME, HEARTBEAT_FILENAME, LOG_FILENAME
 from trainguard.operator.build.constants import (
     AGENT_COMMAND,
@@ -76,7 +83,7 @@ from trainguard.operator.build.names import (
     pod_name,
     rbac_name,
 )
-from trainguard.operator.build.sizing import DiskSizes, disk_sizes, mebibytes
+from trainguard.operator.build.sizing import DiskSizes, disk_sizes, l0_bytes, mebibytes
 
 # Every container of the pod runs with this supplementary group (the pod's `fsGroup`), so the
 # volumes they share are group-owned: the kubelet makes emptyDirs and claims group-writable
@@ -220,6 +227,7 @@ def pod_env(run: TrainingRun, attempt: int, member: int | None = None) -> PodEnv
         fences={f.attempt: f.step for f in (run.status.fences if run.status else ())},
         lease_name=lease_name(name, member or 0),
         l1_dir=Path(spec.checkpoints.l1.mount_path),
+        l0_dir=Path(DEFAULT_L0_DIR),
         data_dir=None if data is None else Path(data.mount_path),
         state_dir=state,
         heartbeat_file=state / HEARTBEAT_FILENAME,
@@ -285,6 +293,10 @@ def _l1_mount(spec: TrainingRunSpec) -> dict[str, Any]:
     return _mount(Volume.L1, spec.checkpoints.l1.mount_path)
 
 
+def _l0_mount(read_only: bool = False) -> dict[str, Any]:
+    return _mount(Volume.L0, DEFAULT_L0_DIR, read_only)
+
+
 def _state_mount() -> dict[str, Any]:
     return _mount(Volume.STATE, DEFAULT_STATE_DIR)
 
@@ -339,6 +351,7 @@ def _agent(spec: TrainingRunSpec, image: str, contract: PodEnv) -> dict[str, Any
         "securityContext": _restricted(),
         "volumeMounts": [
             _l1_mount(spec),
+            _l0_mount(read_only=True),
             _state_mount(),
             _mount(Volume.LOGS, LOG_DIR, read_only=True),
             _mount(Volume.API_ACCESS, API_ACCESS_DIR, read_only=True),
@@ -428,7 +441,7 @@ def _trainer(
             requests[resource] = limits[resource] = str(value)
     requests.update(_gpus(spec))
     limits.update(_gpus(spec))
-    mounts = [_l1_mount(spec), _state_mount(), _mount(Volume.LOGS, LOG_DIR)]
+    mounts = [_l1_mount(spec), _l0_mount(), _state_mount(), _mount(Volume.LOGS, LOG_DIR)]
     if spec.data is not None:
         # Staged data is a local copy; an unstaged PVC is read in place, at its subPath.
         sub_path = (
@@ -492,6 +505,7 @@ def _l1_volume(spec: TrainingRunSpec, sizes: DiskSizes) -> dict[str, Any]:
 def _volumes(spec: TrainingRunSpec, sizes: DiskSizes) -> list[dict[str, Any]]:
     volumes = [
         {"name": Volume.L1, **_l1_volume(spec, sizes)},
+        {"name": Volume.L0, **_empty_dir(l0_bytes(sizes.checkpoint), medium="Memory")},
         {"name": Volume.STATE, **_empty_dir(STATE_VOLUME_BYTES, medium="Memory")},
         {"name": Volume.LOGS, **_empty_dir(LOG_VOLUME_BYTES)},
         {"name": Volume.TMP, **_empty_dir(TMP_VOLUME_BYTES)},

@@ -7,6 +7,9 @@ upload outlives its removal by keep-last-N until the upload ends, `trainguard.ck
 the margin covers the logs volume, the containers' writable layers and a fixed slack plus a
 fraction of the rest. A checkpoint's size comes from `spec.checkpoints.size`, else from the model's
 parameter count (full checkpoints: about 16 bytes per parameter).
+
+L0, the checkpoint layer in pod memory, is a memory-backed emptyDir: it holds `L0_KEEP_LAST`
+checkpoints plus the one being written, and counts against the trainer's memory, not the disk.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from trainguard.api import TrainingRunSpec
 from trainguard.api.quantity import quantity_bytes
 from trainguard.ckpt import room_in_checkpoints
+from trainguard.contract.env import L0_KEEP_LAST
 from trainguard.operator.build.constants import (
     BYTES_PER_PARAMETER_FULL,
     LOG_VOLUME_BYTES,
@@ -79,3 +83,8 @@ def disk_sizes(spec: TrainingRunSpec) -> DiskSizes:
 def mebibytes(size: int) -> str:
     """A byte count as a quantity in whole MiB, rounded up (a volume must hold `size`)."""
     return f"{math.ceil(size / MIB)}Mi"
+
+
+def l0_bytes(checkpoint: int | None) -> int | None:
+    """The L0 volume (pod memory): its kept checkpoints plus the one being written."""
+    return None if checkpoint is None else (L0_KEEP_LAST + 1) * checkpoint

@@ -11,6 +11,7 @@ from trainguard.api.constants import (
     ANNOTATION_INVALID_CHECKPOINTS,
     ANNOTATION_LAYERS,
     ANNOTATION_PREFLIGHT,
+    ANNOTATION_RESTORED,
     ANNOTATION_SAVED_STEP,
     ANNOTATION_STAGING,
     ANNOTATION_STEP,
@@ -71,4 +72,5 @@ def lease_view(lease: dict[str, Any]) -> LeaseView:
         since=_time(annotations.get(ANNOTATION_VERDICT_SINCE)),
         invalid_checkpoints=str(annotations.get(ANNOTATION_INVALID_CHECKPOINTS) or ""),
         member=member_of(labels),
+        restored=str(annotations.get(ANNOTATION_RESTORED) or ""),
     )

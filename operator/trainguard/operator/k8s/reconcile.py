@@ -59,6 +59,7 @@ from trainguard.operator.policies import (
     lifecycle,
     signals,
 )
+from trainguard.operator.policies.layers import parse_restore
 from trainguard.operator.policies.lifecycle import Decision, PodView
 from trainguard.operator.policies.placement import (
     NetworkList,
@@ -333,6 +334,7 @@ def _with_signals(
         checkpoints=lease.layers,
         invalid_counts=None if invalid is None else invalid.counts,
         last_invalid=None if invalid is None else invalid.last,
+        last_restore=parse_restore(lease.restored, observed.attempt),
     )
 
 

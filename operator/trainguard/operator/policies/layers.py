@@ -8,17 +8,23 @@ superseded them. The status keeps the
 newest checkpoint of each layer (`status.checkpoints`) with the shipping state: a layer whose
 uploads fail shows `Failed` with the step and the error even before it verified any. A new pod's
 agent starts knowing nothing of what an earlier attempt shipped:
-`trainguard.operator.conditions` merges a report into what the status holds.
+`trainguard.operator.conditions` merges a report into what the status holds. L0, the layer in
+pod memory, is reported beside them with its newest step only (it is never shipped).
+
+The agent also carries the pod's last restore record under `trainguard.dev/restored`
+(`RestoreReport.summary`: step, layer, time, message): `parse_restore` makes it
+`status.lastRestore`.
 """
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
 from trainguard.api.constants import ShippingState
-from trainguard.api.status import LayerCheckpoint, Shipping
+from trainguard.api.status import LayerCheckpoint, Restore, Shipping
 
 # The agent's state names (lower case) -> the API's.
 STATES = {state.value.lower(): state for state in ShippingState}
@@ -67,3 +73,26 @@ def parse_layers(text: str | None) -> tuple[LayerCheckpoint, ...]:
         if isinstance(report, dict)
     )
     return tuple(layer for layer in found if layer is not None)
+
+
+def parse_restore(text: str | None, attempt: int | None) -> Restore | None:
+    """The pod's restore record of a Lease as `status.lastRestore`; None when there is none."""
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("message"), str):
+        return None
+    at = data.get("time")
+    try:
+        return Restore(
+            layer=data.get("layer"),
+            step=_count(data.get("step")),
+            attempt=attempt,
+            time=datetime.fromtimestamp(at, UTC) if isinstance(at, int | float) else None,
+            message=data["message"],
+        )
+    except ValidationError:
+        return None  # a value the status cannot hold: left out, never fatal

@@ -45,6 +45,8 @@ class LeaseView:
     invalid_checkpoints: str = ""
     # The gang member whose agent renews it (its label); None: a one-pod run's Lease.
     member: int | None = None
+    # The pod's last restore record, as JSON (`policies.layers.parse_restore`).
+    restored: str = ""
 
 
 def same_failure(last: datetime | None, since: datetime | None) -> bool:
