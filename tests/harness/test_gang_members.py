@@ -180,14 +180,15 @@ def test_a_gang_of_two_members_resumes_together_from_one_step_after_a_rank_dies(
         state = json.loads(gang.pods[member].supervisor_file.read_text())
         assert len(state["history"]) == 2, state["history"]
     # All four ranks of the second launch resumed from one step, the newest verified
-    # checkpoint in member 0's L1 at the death; member 1's came from rank 0.
+    # checkpoint of member 0 at the death (its L0, the memory layer its supervisor keeps,
+    # or its L1); member 1's came from rank 0.
     resumed = {}
     for member in range(MEMBERS):
         resumed.update(re.findall(r"rank (\d) resumed from \S*step-(\d{8})", gang.output(member)))
     assert set(resumed) == {"0", "1", "2", "3"}, resumed
     assert len(set(resumed.values())) == 1, resumed
     step = int(resumed["0"])
-    assert step % EVERY == 0 and step >= 2 * EVERY
+    assert step >= 2 * EVERY
     assert not list((tmp_path / "b" / "member-1" / "l1").glob("step-*"))
     # Every loss logged before the resume is the uninterrupted gang's, bit for bit; after it,
     # the same to float rounding. With four ranks the ring all-reduce adds each gradient

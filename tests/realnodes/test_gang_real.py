@@ -200,7 +200,7 @@ def test_a_gang_across_two_real_nodes_restarts_in_place_from_one_step(
 
         steps = eventually(resumed, 60, "every rank's resume in the logs", 1.0, detail=detail)
         assert len(set(steps.values())) == 1, steps
-        assert int(steps["0"]) % EVERY == 0 and int(steps["0"]) >= 2 * EVERY
+        assert int(steps["0"]) >= 2 * EVERY  # member 0's newest, in its L0 or its L1
         # Member 1 keeps no checkpoint: its ranks resumed from rank 0's copy.
         out = cluster.kubectl(
             "exec", "-n", RUNS_NAMESPACE, f"{GANG}-1", "-c", "trainer", "--",
