@@ -96,9 +96,6 @@ def test_two_ranks_read_healthy_and_restart_together_in_place_after_one_is_kille
     evidence = json.loads(failure["message"])  # the agent's evidence on the Lease
     assert evidence.get("rank") == "1", failure
     assert evidence.get("rank_pid") == str(first[1]), failure
-    recorded = read_rank_failure(pod.supervisor_file)
-    assert recorded is not None and (recorded.rank, recorded.pid) == (1, first[1])
-    assert recorded.signal == "SIGKILL"
 
     def restarted() -> dict[int, int] | None:
         ranks = read_rank_pids(pod.supervisor_file)
@@ -110,6 +107,12 @@ def test_two_ranks_read_healthy_and_restart_together_in_place_after_one_is_kille
         return ranks if own else None
 
     eventually(restarted, START_S, "both ranks restarted in place", 0.1)
+    # The supervisor's account of the launch that ended, read once it has ended: while the
+    # launcher still winds down, the record is the supervisor's first look at the gone rank,
+    # whose wait status may already be reaped (no signal yet).
+    recorded = read_rank_failure(pod.supervisor_file)
+    assert recorded is not None and (recorded.rank, recorded.pid) == (1, first[1])
+    assert recorded.signal == "SIGKILL"
     # In place: the same pod, no new attempt.
     pods = pods_of(cluster, namespace, RUN)
     assert [p["metadata"]["uid"] for p in pods] == [bound["metadata"]["uid"]]
