@@ -65,13 +65,13 @@ def progress(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-def make_state(size_gb: float) -> dict[str, Any]:
+def make_state(size_gb: float, device: str = "cpu") -> dict[str, Any]:
     """Model weights (one third) and AdamW moments (two thirds), float32, about `size_gb`."""
     per_group = max(1, round(size_gb * GB / 3 / (TENSOR_ELEMENTS * 4)))
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator(device=device).manual_seed(0)
 
     def tensor() -> torch.Tensor:
-        return torch.randn(TENSOR_ELEMENTS, generator=generator)
+        return torch.randn(TENSOR_ELEMENTS, generator=generator, device=device)
 
     weights = {f"layer{i}.weight": tensor() for i in range(per_group)}
     moments = {

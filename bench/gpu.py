@@ -315,23 +315,6 @@ def bench_copy(size_gb: float, repeats: int) -> dict[str, Any]:
 # -- checkpoint stalls of CUDA state -----------------------------------------------------------
 
 
-def device_state(size_gb: float, device: str) -> dict[str, Any]:
-    """Weights (a third) and AdamW moments (two thirds), float32, on `device`."""
-    elements = cpu_bench().TENSOR_ELEMENTS
-    per_group = max(1, round(size_gb * GB / 3 / (elements * 4)))
-
-    def tensor() -> torch.Tensor:
-        return torch.randn(elements, device=device)
-
-    weights = {f"layer{i}.weight": tensor() for i in range(per_group)}
-    moments = {
-        i: {"step": torch.tensor(100.0), "exp_avg": tensor(), "exp_avg_sq": tensor()}
-        for i in range(per_group)
-    }
-    optimizer = {"state": moments, "param_groups": [{"lr": 3e-4, "params": list(range(per_group))}]}
-    return {"model": weights, "optimizer": optimizer}
-
-
 def drop_checkpoints(l1: Path) -> None:
     """Remove the persisted checkpoints, measured already: two of 32 GB would not fit a disk."""
     for child in l1.iterdir():
@@ -342,7 +325,7 @@ def drop_checkpoints(l1: Path) -> None:
 def bench_stall(size_gb: float, repeats: int, directory: Path, device: str) -> dict[str, Any]:
     """The harness's stall beside torch.save and DCP async_save, on state of `size_gb`."""
     bench = cpu_bench()
-    state = device_state(size_gb, device)
+    state = bench.make_state(size_gb, device)
     if device == "cuda":
         torch.cuda.synchronize()
     size = sum(t.numel() * t.element_size() for t in bench.tensors_of(state))
