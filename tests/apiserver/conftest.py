@@ -19,7 +19,7 @@ from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.crdgen import CRD_FILE
 
 REPO = Path(__file__).resolve().parents[2]
-ESTABLISHED_TIMEOUT = "60s"
+ESTABLISHED_TIMEOUT = 60.0
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -33,13 +33,7 @@ def trainingrun_crd(cluster: Cluster) -> None:
         "-f",
         str(REPO / CRD_FILE),
     )
-    cluster.kubectl(
-        "wait",
-        "--for=condition=Established",
-        f"crd/{CRD_NAME}",
-        f"--timeout={ESTABLISHED_TIMEOUT}",
-        timeout=90,
-    )
+    cluster.wait_established(CRD_NAME, ESTABLISHED_TIMEOUT)
 
 
 @pytest.fixture

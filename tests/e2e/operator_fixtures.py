@@ -53,9 +53,7 @@ def trainingrun_crd(cluster: Cluster) -> str:
         "-f",
         str(CRD_FILE),
     )
-    cluster.kubectl(
-        "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s", timeout=90
-    )
+    cluster.wait_established(CRD_NAME)
     return CRD_NAME
 
 

@@ -100,7 +100,7 @@ class ChartOperator(OperatorProcess):
 def release(cluster: Cluster, namespace: str) -> Iterator[Release]:
     """The chart, watching the test's namespace; its CRD installed by helm when missing."""
     installed = install(cluster, {"operator": {"watchNamespaces": [namespace]}})
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    cluster.wait_established(CRD_NAME)
     yield installed
     uninstall(cluster, installed)
 

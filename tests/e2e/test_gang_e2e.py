@@ -1,8 +1,8 @@
 """Gangs on kwok nodes: placed whole, or told Unschedulable and held off, mended member by member.
 
 Every member is placed on its own node with a stable name; a gang larger than its nodes is told
-as Unschedulable, taken down whole, then placed once nodes appear; a member whose node is lost
-is replaced alone on another node.
+as Unschedulable, taken down whole, then placed once nodes appear; a member whose node is lost,
+or whose agent finds ghost memory on its node, is replaced alone on another node.
 
 kwok simulates the members' kubelets (no trainer runs): these scenarios prove what the operator
 does with the pods, the Service and the status, not a rendezvous (process-backed nodes share one
@@ -20,7 +20,7 @@ import pytest
 import yaml
 from operator_proc import POOL_LABEL, apply, condition, get_json, pods_of, pool_run
 
-from trainguard.api.constants import LABEL_MEMBER
+from trainguard.api.constants import ANNOTATION_VERDICT, LABEL_MEMBER, Verdict
 from trainguard.operator.policies.lifecycle import GANG_RETRY_SECONDS, GANG_UNSCHEDULABLE_SECONDS
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.cluster.nodes import gpu_node
@@ -219,3 +219,65 @@ def test_a_member_whose_node_is_lost_is_replaced_alone_on_another_node(
     fields = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert fields[0]["matchFields"][0]["values"] == [lost_node]
     assert "affinity" not in pods["pair-1-0"]["spec"]
+
+
+def test_a_member_whose_agent_finds_ghost_memory_is_moved_alone_off_its_node(
+    cluster: Cluster,
+    namespace: str,
+    node_pool: str,
+    extra_node: str,
+    operator: OperatorProcess,
+) -> None:
+    node = gpu_node(extra_node)
+    node["metadata"]["labels"][POOL_LABEL] = node_pool
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(node))
+    apply(cluster, namespace, gang(node_pool, "pair", 2))
+    eventually(
+        lambda: run_of(cluster, namespace, "pair").get("status", {}).get("membersReady") == "2/2",
+        60,
+        "both members running",
+    )
+    first = {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
+    sick_node = first["pair-1-1"]["spec"]["nodeName"]
+    # Member 1's agent reads memory no live process holds on its node's GPUs and says so in its
+    # Lease (kwok runs no agent, so the renewal is written here as the agent writes it).
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    cluster.kubectl(
+        "patch", "lease", "pair-heartbeat-1", "-n", namespace, "--type=merge", "-p",
+        json.dumps({
+            "metadata": {"annotations": {ANNOTATION_VERDICT: Verdict.GHOST_MEMORY.value}},
+            "spec": {"holderIdentity": "pair-1-1", "renewTime": now},
+        }),
+    )  # fmt: skip
+
+    def replaced() -> dict[str, Any] | None:
+        pods = {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
+        again = pods.get("pair-1-1")
+        if again is None or again["metadata"]["uid"] == first["pair-1-1"]["metadata"]["uid"]:
+            return None
+        return pods if again.get("status", {}).get("phase") == "Running" else None
+
+    pods = eventually(replaced, 90, "member 1 replaced and running")
+    assert pods["pair-1-1"]["spec"]["nodeName"] not in (sick_node, None)
+    # Member 0 kept its pod; the gang stayed in its attempt; the stale Lease (the replaced pod's
+    # word) does not move the replacement.
+    assert pods["pair-1-0"]["metadata"]["uid"] == first["pair-1-0"]["metadata"]["uid"]
+    status = eventually(
+        lambda: (
+            (s := run_of(cluster, namespace, "pair")["status"]).get("membersReady") == "2/2" and s
+        ),
+        30,
+        "the gang running again",
+    )
+    assert status["attempt"] == 1
+    assert [(e["node"], e["reason"]) for e in status["excludedNodes"]] == [
+        (sick_node, Verdict.GHOST_MEMORY.value)
+    ]
+    reasons = [
+        e["reason"]
+        for e in get_json(cluster, "events", "-n", namespace)["items"]
+        if e["involvedObject"]["name"] == "pair"
+    ]
+    assert Verdict.GHOST_MEMORY.value in reasons
+    later = {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
+    assert later["pair-1-1"]["metadata"]["uid"] == pods["pair-1-1"]["metadata"]["uid"]

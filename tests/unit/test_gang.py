@@ -43,6 +43,7 @@ from trainguard.operator.policies.lifecycle import (
     decide,
     lost_members,
     observed,
+    sick_members,
     state,
 )
 from trainguard.operator.policies.signals import LeaseView
@@ -272,6 +273,43 @@ def test_a_member_whose_lease_expired_is_a_candidate_for_a_lost_node() -> None:
     # A Lease last renewed by another attempt's pod says nothing of this one.
     stale = (LeaseView(holder="llm-0-1", member=1, renewed=old, duration_seconds=15),)
     assert lost_members(run, pods, stale, NOW) == ()
+
+
+def test_a_member_whose_own_agent_finds_its_node_sick_is_named_with_the_cause() -> None:
+    created = NOW - timedelta(seconds=120)
+    pods = tuple(member(1, m, phase="Running", node=f"gpu-{m}", created=created) for m in range(4))
+
+    def lease(index: int, verdict: Verdict, renewed: datetime = NOW) -> LeaseView:
+        return LeaseView(holder=f"llm-1-{index}", member=index, renewed=renewed, verdict=verdict)
+
+    leases_seen = (
+        lease(0, Verdict.GHOST_MEMORY),  # member 0's is the run's own: the ladder's
+        lease(1, Verdict.GHOST_MEMORY),
+        lease(2, Verdict.IO_STUCK),
+        lease(3, Verdict.DEAD),  # software: its supervisor restarts the ranks in place
+    )
+    assert sick_members(pods, leases_seen) == (
+        (pods[1], Verdict.GHOST_MEMORY.value),
+        (pods[2], Verdict.IO_STUCK.value),
+    )
+    # The replacement keeps its predecessor's name: the Lease its predecessor renewed (before
+    # the replacement was created) says nothing about the replacement's node.
+    replacement = member(1, 1, phase="Running", node="gpu-9", created=NOW)
+    before = (lease(1, Verdict.GHOST_MEMORY, renewed=NOW - timedelta(seconds=5)),)
+    assert sick_members((replacement,), before) == ()
+    assert sick_members((replacement,), (lease(1, Verdict.GHOST_MEMORY),)) == (
+        (replacement, Verdict.GHOST_MEMORY.value),
+    )
+    # Another attempt's pod's Lease, and a member already leaving, are not this pod's.
+    assert (
+        sick_members(
+            pods[1:2],
+            (LeaseView(holder="llm-0-1", member=1, renewed=NOW, verdict=Verdict.GHOST_MEMORY),),
+        )
+        == ()
+    )
+    leaving = member(1, 1, phase="Running", node="gpu-1", created=created, deleting=True)
+    assert sick_members((leaving,), leases_seen) == ()
 
 
 def unschedulable(attempt: int, index: int, since: datetime) -> PodView:

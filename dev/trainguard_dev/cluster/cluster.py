@@ -222,6 +222,23 @@ class Cluster:
             )
         return result
 
+    def wait_established(self, crd: str, timeout: float = 60.0) -> None:
+        """Wait until CustomResourceDefinition `crd` is Established; raise ClusterError if not.
+
+        Polled rather than `kubectl wait --for=condition=Established`, which fails at once
+        ("conditions accessor error") when it reads a CRD created moments ago, before the
+        apiserver has written any condition.
+        """
+        deadline = time.monotonic() + timeout
+        path = '{.status.conditions[?(@.type=="Established")].status}'
+        while True:
+            got = self.kubectl("get", "crd", crd, "-o", f"jsonpath={path}", check=False)
+            if got.returncode == 0 and got.stdout.strip() == "True":
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"CRD {crd} not Established after {timeout:.0f} s: {got.stderr}")
+            time.sleep(0.2)
+
     def log_tail(self, component: str, lines: int = LOG_TAIL_LINES) -> str:
         """The last lines of a component's log."""
         path = self.log_path(component)

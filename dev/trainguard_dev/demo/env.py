@@ -67,9 +67,7 @@ def install_crd(cluster: Cluster) -> None:
         "apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}",
         "-f", "-", input=crdgen.crd_yaml(),
     )  # fmt: skip
-    cluster.kubectl(
-        "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s", timeout=90
-    )
+    cluster.wait_established(CRD_NAME)
 
 
 def ensure_namespace(cluster: Cluster, name: str) -> None:

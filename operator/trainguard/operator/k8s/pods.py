@@ -48,16 +48,20 @@ def scheduler_message(pod: dict[str, Any]) -> str | None:
     return None if condition is None else str(condition.get("message") or UNSCHEDULABLE)
 
 
-def unschedulable_since(pod: dict[str, Any]) -> datetime | None:
-    """When the scheduler first found no node for the pod (its condition's transition time)."""
-    condition = _unschedulable(pod)
-    text = None if condition is None else condition.get("lastTransitionTime")
+def _moment(text: object) -> datetime | None:
+    """An apiserver timestamp (RFC 3339), or None when absent or malformed."""
     if not text:
         return None
     try:
         return datetime.fromisoformat(str(text).replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+def unschedulable_since(pod: dict[str, Any]) -> datetime | None:
+    """When the scheduler first found no node for the pod (its condition's transition time)."""
+    condition = _unschedulable(pod)
+    return _moment(None if condition is None else condition.get("lastTransitionTime"))
 
 
 def preflight_exit(pod: dict[str, Any]) -> tuple[int | None, str | None]:
@@ -146,6 +150,7 @@ def pod_view(pod: dict[str, Any]) -> PodView | None:
         name=meta["name"],
         attempt=attempt,
         member=member_of(meta.get("labels") or {}),
+        created=_moment(meta.get("creationTimestamp")),
         phase=pod.get("status", {}).get("phase") or "Pending",
         node=pod.get("spec", {}).get("nodeName") or None,
         deleting=meta.get("deletionTimestamp") is not None,

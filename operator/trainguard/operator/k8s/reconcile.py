@@ -147,7 +147,9 @@ def reconcile(
         run = run.model_copy(update={"status": recorded})
     desired = spec_hash(run.spec)
     now = datetime.now(UTC)
-    replaced, lost_events, pods = replace_lost(kube, run, pods, member_leases, now)
+    replaced, lost_events, pods = replace_lost(
+        kube, run, pods, member_leases, now, settings.node_checks
+    )
     if replaced is not None:
         # The node is excluded before the member's new pod, which avoids it, is created.
         apply_status(kube, run.metadata, replaced)
@@ -214,40 +216,54 @@ def replace_lost(
     pods: tuple[PodView, ...],
     member_leases: tuple[LeaseView, ...],
     now: datetime,
+    node_checks: NodeChecks | None = None,
 ) -> tuple[TrainingRunStatus | None, list[EventSpec], tuple[PodView, ...]]:
-    """Gang members whose node is lost: their node excluded, their pods force-deleted.
+    """Gang members whose node is lost or sick: their node excluded, their pods deleted.
 
-    A member's Lease expired (`lifecycle.lost_members`) and its node NotReady or gone: the
-    status with the node excluded (None when no member is lost), the Warning Events, and the
-    pods without the lost ones, which the lifecycle then replaces on other nodes. Only that
-    member's node is excluded; no kubelet will confirm the deletion, so it is forced.
+    Lost: a member's Lease expired (`lifecycle.lost_members`) and its node NotReady or gone; no
+    kubelet will confirm the deletion, so it is forced. Sick: a member's own agent reports a
+    node cause, ghost memory or stuck I/O (`lifecycle.sick_members`); the node is reported as
+    the escalation ladder reports member 0's (`report_node`, per the taint policy) and the pod
+    deleted gracefully, its trainer flushing as it would on any move. Returns the status with
+    the nodes excluded (None when no member is lost or sick), the Warning Events, and the pods
+    without those members, which the lifecycle then replaces on other nodes. Only those
+    members' nodes are excluded; the other members keep their pods.
     """
     status = run.status or TrainingRunStatus()
     members = tuple(
         p for p in pods if p.attempt == status.attempt and p.member is not None and not p.deleting
     )
     candidates = lifecycle.lost_members(run, members, member_leases, now)
-    lost = [p for p in candidates if node_ready(kube, p.node) is not True]
-    if not lost:
+    lost = [(p, Reason.NODE_LOST.value) for p in candidates if node_ready(kube, p.node) is not True]
+    sick = [s for s in lifecycle.sick_members(members, member_leases) if s[0] not in candidates]
+    if not lost and not sick:
         return None, [], pods
     excluded = list(status.excluded_nodes)
     events = []
-    for pod in lost:
+    reporter = f"run {run.metadata.namespace}/{run.metadata.name} (attempt {status.attempt})"
+    for pod, cause in (*lost, *sick):
         node = pod.node or ""
         if all(e.node != node for e in excluded):
-            excluded.append(ExcludedNode(node=node, reason=Reason.NODE_LOST, time=now))
+            excluded.append(ExcludedNode(node=node, reason=cause, time=now))
+        what = "lost its node" if cause == Reason.NODE_LOST else f"found {cause} on its node"
         events.append(
             EventSpec(
-                Reason.NODE_LOST,
-                f"gang {run.metadata.name}: member {pod.member} (pod {pod.name}) lost its node "
+                cause,
+                f"gang {run.metadata.name}: member {pod.member} (pod {pod.name}) {what} "
                 f"{node}: replaced on another node; {node} excluded",
                 warning=True,
             )
         )
-        log.info("%s: force-deleting lost member %s on node %s", run.metadata.name, pod.name, node)
+        log.info("%s: member %s on node %s: %s", run.metadata.name, pod.name, node, cause)
+        if cause != Reason.NODE_LOST and node_checks is not None:
+            report_node(kube, node_checks, node, cause, reporter, now)
     namespace = run.metadata.namespace or ""
-    concurrently(lambda pod: delete_pod(kube, namespace, pod.name, force=True), lost)
-    kept = tuple(p for p in pods if p not in lost)
+    forced = [p for p, _ in lost]
+    removed = [p for p, _ in (*lost, *sick)]
+    concurrently(lambda pod: delete_pod(kube, namespace, pod.name, force=pod in forced), removed)
+    # A sick member's pod is Terminating until its kubelet confirms: replaced once it is gone.
+    leaving = [p for p, _ in sick]
+    kept = tuple(replace(p, deleting=True) if p in leaving else p for p in pods if p not in forced)
     return status.model_copy(update={"excluded_nodes": excluded}), events, kept
 
 

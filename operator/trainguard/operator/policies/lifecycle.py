@@ -19,7 +19,8 @@ A gang (`spec.trainer.nodes` = N > 1) has N member pods per attempt, `<run>-<k>-
 together; member 0 stands for the attempt where one pod is meant (escalation, init-step
 reports), so what the ladder decides for member 0 (a reschedule, a spec change, suspend)
 moves the whole gang. A member of the current attempt that is gone (deleted, its node lost:
-`lost_members`) or Failed (a member other than 0) is replaced alone, under its own name in
+`lost_members`, or its node sick by its own agent's word: `sick_members`) or Failed (a member
+other than 0) is replaced alone, under its own name in
 the same attempt (`Decision.replace`, a restart): the other members keep their pods, and their
 trainers restart in place when the collective breaks; member m's stable name follows its new
 pod. The gone member is re-read from the apiserver first, so a member created moments ago that
@@ -48,7 +49,7 @@ from trainguard.operator.conditions import (
     is_true,
     state_reason,
 )
-from trainguard.operator.policies import inputs, signals
+from trainguard.operator.policies import inputs, ladder, signals
 from trainguard.operator.policies.inputs import Waiting
 from trainguard.operator.policies.placement import PlacementDecision
 from trainguard.operator.policies.signals import LeaseView
@@ -102,6 +103,8 @@ class PodView:
     mount_failure: str | None = None
     # A gang member's index (its node rank); None for a one-pod run's pod.
     member: int | None = None
+    # When the apiserver created the pod: a member's Lease renewed before it is its predecessor's.
+    created: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,34 @@ def lost_members(
         and p.node is not None
         and any(lease.member == p.member and lease.holder == p.name for lease in leases)
     )
+
+
+def sick_members(
+    members: tuple[PodView, ...], leases: tuple[LeaseView, ...]
+) -> tuple[tuple[PodView, str], ...]:
+    """Members (but member 0) whose own agent says their node is sick, with the cause.
+
+    A verdict of `ladder.NODE_CAUSES` (ghost memory, stuck I/O) in the member's Lease, renewed
+    by this very pod: a replacement keeps its predecessor's name, and its predecessor's Lease
+    (renewed before the replacement was created) says nothing about the new node. Member 0's
+    Lease is the run's own: the escalation ladder judges it, for the whole gang.
+    """
+    sick = []
+    for pod in members:
+        if not pod.member or pod.node is None or pod.deleting:
+            continue
+        for lease in leases:
+            renewed = lease.renewed
+            fresh = renewed is not None and (pod.created is None or renewed >= pod.created)
+            if (
+                lease.member == pod.member
+                and lease.holder == pod.name
+                and fresh
+                and lease.verdict is not None
+                and lease.verdict.value in ladder.NODE_CAUSES
+            ):
+                sick.append((pod, lease.verdict.value))
+    return tuple(sick)
 
 
 def unplaced(run: TrainingRun, members: tuple[PodView, ...], now: datetime) -> Unplaced | None:
