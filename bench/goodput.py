@@ -79,7 +79,7 @@ import yaml
 from trainguard.api.constants import LABEL_RUN
 from trainguard.api.spec import DEFAULT_EVERY_STEPS
 from trainguard_dev.cluster.cluster import Cluster
-from trainguard_dev.cluster.procnode import DOWN_FILENAME, GPU_SIM_FILENAME
+from trainguard_dev.cluster.procnode import DOWN_FILENAME, GPU_SIM_FILENAME, pod_processes
 from trainguard_dev.demo.env import create_claim, ensure_namespace, install_crd
 from trainguard_dev.testing import pods
 from trainguard_dev.testing.goodput import (
@@ -436,11 +436,11 @@ class Trainguard:
         if kind == "node-loss":
             (control / DOWN_FILENAME).touch()
             self.nodes_failed.append(node)
-            # The node's runtime kills each container's process group; the trainer and the
-            # warm standby run in sessions of their own and would live on, training beside
-            # the run's next attempt. A vanished machine takes every process with it.
-            killed = _kill_pod_processes(pods.pod_directory(self.cluster.root, pod))
-            return f"node {node} down; {killed} processes of its pod SIGKILLed"
+            # The node's runtime kills every process of its pods, also those in sessions of
+            # their own (the trainer, the warm standby), as a vanished machine takes them all.
+            uid = str(pod["metadata"]["uid"])
+            eventually(lambda: not pod_processes(uid), 10, f"the processes of {node}'s pod gone")
+            return f"node {node} down; every process of its pod gone"
         if kind == "ghost":
             (control / GPU_SIM_FILENAME).write_text(json.dumps({"ghost_mib": GHOST_MIB}))
             self.nodes_failed.append(node)
@@ -477,27 +477,6 @@ class Trainguard:
             "phase": status.get("phase"),
             "operator_log": str(self.operator.log_path),
         }
-
-
-def _kill_pod_processes(pod_dir: Path) -> int:
-    """SIGKILL every process whose environment names the pod's directory; how many.
-
-    On a process-backed node every container's environment holds its volumes' paths, which
-    lie under the pod's directory, and children inherit it.
-    """
-    marker = str(pod_dir).encode()
-    killed = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if marker not in (entry / "environ").read_bytes():
-                continue
-            os.kill(int(entry.name), signal.SIGKILL)
-            killed += 1
-        except (OSError, ProcessLookupError):
-            continue  # gone meanwhile, or not ours to read
-    return killed
 
 
 def _alive(pid: int) -> bool:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from trainguard.agent.signals import proc_state
+from trainguard.contract import env
+from trainguard.contract.files import SUPERVISOR_FILENAME
 from trainguard_dev.cluster.cluster import Cluster, _pid_alive
 from trainguard_dev.cluster.nodes import PROCESS_NODE_LABEL, process_node_name
-from trainguard_dev.cluster.procnode import ENV_FILENAME
+from trainguard_dev.cluster.procnode import DOWN_FILENAME, ENV_FILENAME
 from trainguard_dev.testing.polling import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -230,3 +234,88 @@ def test_a_secret_volume_holds_its_keys_with_the_volumes_mode(
     cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(manifest))
     terminated = _terminated(cluster, namespace, "secret-reader")
     assert terminated["message"].split() == ["400", "s3cr3t"]
+
+
+def _live(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie has ended: only its exit status is left)."""
+    return proc_state(pid) not in (None, "Z")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""  # gone
+
+
+def _with_home(directory: Path) -> set[int]:
+    """The live processes whose environment has HOME at `directory` (a pod's, here)."""
+    marker = f"HOME={directory}".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.add(int(entry.name))
+        except OSError:
+            continue  # gone meanwhile
+    return {pid for pid in found if _live(pid)}
+
+
+def test_a_node_that_goes_down_takes_every_process_of_its_pods(
+    cluster: Cluster, namespace: str
+) -> None:
+    # The supervisor starts the trainer and its warm standby in sessions of their own: out of
+    # the container's process group, not out of the pod. A vanished machine takes them all.
+    node = process_node_name(1)
+    manifest = _one_shot("supervised", node, "")
+    main = manifest["spec"]["containers"][0]
+    main["command"] = [
+        "trainguard", "supervise", "--no-gpu", "--standby-delay", "0", "--",
+        "python", "-m", "timeit", "-n", "1", "-r", "1", "__import__('time').sleep(300)",
+    ]  # fmt: skip
+    # Its state and L0 in the pod's volume (not the supervisor's own L0 under /dev/shm).
+    main["env"] = [
+        {"name": env.STATE_DIR, "value": "/work"},
+        {"name": env.L0_DIR, "value": "/work/l0"},
+    ]
+    main["volumeMounts"] = [{"name": "work", "mountPath": "/work"}]
+    manifest["spec"]["volumes"] = [{"name": "work", "emptyDir": {}}]
+    cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(manifest))
+    work = _work_dir(cluster, node, namespace, "supervised")
+    pod_dir = work.parents[1]
+
+    def supervised() -> tuple[int, int, set[int]] | None:
+        if not (work / SUPERVISOR_FILENAME).exists():
+            return None
+        state = json.loads((work / SUPERVISOR_FILENAME).read_text())
+        processes = _with_home(pod_dir)
+        standbys = {p for p in processes if b"trainguard_harness.standby" in _cmdline(p)}
+        child = state.get("child_pid")
+        if child in processes and standbys:
+            return int(state["pid"]), int(child), processes
+        return None
+
+    supervisor, child, processes = eventually(
+        supervised, timeout=60, what="supervisor, trainer and standby running"
+    )
+    assert {supervisor, child} < processes  # and the standby, in a session of its own
+    assert len({os.getsid(pid) for pid in processes}) >= 3, processes
+    down = cluster.root / "procnodes" / node / DOWN_FILENAME
+    down.touch()
+    try:
+        eventually(
+            lambda: not any(_live(pid) for pid in processes),
+            timeout=10,
+            what="every process of the pod gone",
+            detail=lambda: [pid for pid in processes if _live(pid)],
+        )
+        assert not _with_home(pod_dir)
+    finally:
+        # The pod goes with its node; back up, the node has nothing to start again.
+        cluster.kubectl(
+            "-n", namespace, "delete", "pod", "supervised", "--force", "--grace-period=0",
+            check=False,
+        )  # fmt: skip
+        down.unlink(missing_ok=True)
+        cluster.kubectl("wait", "--for=condition=Ready", f"node/{node}", "--timeout=60s",
+                        timeout=90)  # fmt: skip

@@ -20,6 +20,12 @@ import pytest
 from trainguard.agent.main import Agent
 from trainguard.api import constants
 from trainguard.contract import env
+from trainguard.contract.files import (
+    SUPERVISOR_CHILD_PID,
+    SUPERVISOR_FILENAME,
+    SUPERVISOR_RUNNING,
+    SUPERVISOR_STATE,
+)
 from trainguard_dev.testing.agent_api import AgentApiRecorder
 from trainguard_dev.testing.polling import eventually
 
@@ -108,3 +114,62 @@ def test_a_hung_trainer_is_dumped_reported_then_killed_and_stays_hung(tmp_path: 
     assert loop.step().name == "Hung"
     assert api.renewals[-1][constants.ANNOTATION_VERDICT_SINCE] == since
     assert "VerdictDead" not in [e[0] for e in api.events]
+
+
+def _supervising(state: Path, child: int, killed: int | None = None) -> None:
+    """The supervisor's state file: it runs `child`, and has recorded the kill of `killed`."""
+    record: dict[str, Any] = {SUPERVISOR_STATE: SUPERVISOR_RUNNING, SUPERVISOR_CHILD_PID: child}
+    if killed is not None:
+        record["last_kill"] = {"pid": killed, "killed_at": time.time(), "dumped": False}
+    (state / SUPERVISOR_FILENAME).write_text(json.dumps(record))
+
+
+def _beat(state: Path, pid: int, step: int) -> None:
+    beat = {"pid": pid, "step": step, "time": time.time(), "phase": "training"}
+    (state / "heartbeat.json").write_text(json.dumps(beat))
+
+
+def _until_hung(loop: Agent) -> list[str]:
+    verdicts: list[str] = []
+
+    def hung() -> bool:
+        verdicts.append(loop.step().name)
+        return verdicts[-1] == "Hung"
+
+    eventually(hung, 10, "the verdict Hung", detail=lambda: verdicts)
+    return verdicts
+
+
+def test_a_killed_hung_trainer_seen_stepping_before_it_is_gone_stays_one_hang(
+    tmp_path: Path,
+) -> None:
+    # The supervisor continues a SIGSTOPped trainer for its stack dump, and the trainer steps
+    # a few times before the SIGKILL the supervisor then records; the kill is asynchronous,
+    # so the agent's next look (woken by that record) may find it still there, its step
+    # advanced. The supervisor's state file says what it says at that moment: the kill of
+    # the trainer recorded, the trainer not gone yet.
+    loop, api, state = agent(tmp_path, hangAfterSeconds=2, slowAfterSeconds=1)
+    hung = start_trainer(state, 10)
+    _supervising(state, hung, killed=hung)
+    assert loop.step().name == "Healthy"
+    _until_hung(loop)
+    since = api.renewals[-1][constants.ANNOTATION_VERDICT_SINCE]
+    assert api.renewals[-1][constants.ANNOTATION_VERDICT] == "Hung"
+    _beat(state, hung, 13)  # stepped after its continue, not yet gone
+    assert loop.step().name == "Hung"
+    kill(hung)
+    assert loop.step().name == "Hung"
+    # One hang, one verdict: no Healthy and no Dead between, the hang's start kept.
+    told = [e[0] for e in api.events if e[0].startswith("Verdict")]
+    assert told == ["VerdictHung"], told
+    assert {r[constants.ANNOTATION_VERDICT_SINCE] for r in api.renewals[-3:]} == {since}
+
+    # Its successor is watched from its first heartbeat: the hang is over, and a hang of the
+    # successor is a hang of its own.
+    successor = start_trainer(state, 11)
+    _supervising(state, successor, killed=hung)
+    assert loop.step().name == "Healthy"
+    _until_hung(loop)
+    assert api.renewals[-1][constants.ANNOTATION_VERDICT_SINCE] != since
+    told = [e[0] for e in api.events if e[0].startswith("Verdict")]
+    assert told == ["VerdictHung", "VerdictHung"], told

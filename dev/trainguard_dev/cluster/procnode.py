@@ -12,6 +12,12 @@ What it does, per node it serves:
   the pod's restart policy with a short back-off; pod status with container states, exit
   codes and restart counts; a deleted pod's processes get SIGTERM, then SIGKILL after the
   grace period (at most `MAX_GRACE_SECONDS`), and the pod object is then removed.
+- a pod's processes are all of its processes, as a container's cgroup holds them: every
+  container runs with the pod's UID in ``TRAINGUARD_PROCNODE_POD`` (`POD_MARKER_ENV`), which
+  its descendants inherit, so the final SIGKILL (at once when the node goes down, after the
+  grace period when the pod is deleted) reaches processes that left the container's process
+  group too (the supervisor starts the trainer and its warm standby in sessions of their own),
+  as a kubelet's kill of the pod's cgroups does.
 
 How a container is mapped onto a process (the images are not used):
 - the command runs with this Python environment's ``bin`` first on PATH (the trainguard
@@ -40,8 +46,8 @@ How a container is mapped onto a process (the images are not used):
   empty file gets the tail of its log instead, as with a kubelet.
 
 Controls for failure scenarios, as files in ``<cluster>/procnodes/<node>/``:
-- ``down``: the node vanishes: its processes are killed at once and heartbeats stop (the
-  controller-manager then marks it NotReady);
+- ``down``: the node vanishes: its pods' processes, every one of them, are killed at once and
+  heartbeats stop (the controller-manager then marks it NotReady);
 - ``gpu-sim.json``: the state a simulated GPU probe reads on that node (see the agent); its
   path is given to every process as ``TRAINGUARD_GPU_SIMULATION``, and a container that
   requests GPUs gets ``NVIDIA_VISIBLE_DEVICES`` naming one simulated GPU per GPU requested (as
@@ -84,6 +90,12 @@ GPU_SIMULATION_ENV = GPU_SIMULATION
 GPU_SIM_FILENAME = "gpu-sim.json"
 DOWN_FILENAME = "down"
 PYTHONPATH_ENV = "PYTHONPATH"
+# In every container's environment: its pod's UID, inherited by whatever the container starts,
+# which is how the pod's processes are found (there is no cgroup per pod here).
+POD_MARKER_ENV = "TRAINGUARD_PROCNODE_POD"
+PROC = Path("/proc")
+# How long the processes of a killed pod may take to be gone (SIGKILL cannot be ignored).
+GONE_WAIT_SECONDS = 5.0
 TERMINATION_LOG_ENV = TERMINATION_LOG
 TERMINATION_MESSAGE_LIMIT = 4096  # bytes a kubelet keeps of a termination message
 FALLBACK_LOG_LINES = 80  # FallbackToLogsOnError: the log's last lines, as a kubelet takes
@@ -486,6 +498,7 @@ class NodeRuntime:
             "HOME": str(directory),
             "PYTHONUNBUFFERED": "1",
             GPU_SIMULATION_ENV: str(self.node_dir(node) / GPU_SIM_FILENAME),
+            POD_MARKER_ENV: str(obj["metadata"]["uid"]),
         }
         if os.environ.get(PYTHONPATH_ENV):
             env[PYTHONPATH_ENV] = os.environ[PYTHONPATH_ENV]
@@ -780,6 +793,45 @@ class NodeRuntime:
                     os.killpg(c.proc.pid, signal.SIGKILL)
                 c.proc.wait()
                 self._reap(pod, c)
+        kill_marked(str(pod.obj["metadata"]["uid"]))
+
+
+def _marked(pid: int, marker: bytes) -> bool:
+    """Whether live process `pid` has `marker` in its environment (False: gone, or a zombie)."""
+    try:
+        if marker not in (PROC / str(pid) / "environ").read_bytes().split(b"\0"):
+            return False
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return False  # gone meanwhile, or another user's
+    return stat[stat.rindex(")") + 2 :].split(" ", 1)[0] != "Z"
+
+
+def pod_processes(uid: str) -> list[int]:
+    """The live processes of the pod with UID `uid` on this machine (`POD_MARKER_ENV`)."""
+    marker = f"{POD_MARKER_ENV}={uid}".encode()
+    own = os.getpid()
+    return [
+        int(entry.name)
+        for entry in PROC.iterdir()
+        if entry.name.isdigit() and int(entry.name) != own and _marked(int(entry.name), marker)
+    ]
+
+
+def kill_marked(uid: str) -> list[int]:
+    """SIGKILL every process of the pod `uid`, as the kill of its cgroups; return them.
+
+    Waits (bounded) until they are gone, so a pod removed here leaves nothing running; they
+    are reaped by whoever adopts them.
+    """
+    killed = pod_processes(uid)
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + GONE_WAIT_SECONDS
+    while killed and time.monotonic() < deadline and pod_processes(uid):
+        time.sleep(0.05)
+    return killed
 
 
 def main(argv: list[str] | None = None) -> int:

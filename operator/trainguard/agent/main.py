@@ -7,6 +7,8 @@ changed verdict renews at once and becomes an Event. On `Hung` it has the traine
 dumped (the harness's faulthandler signal) into its log and an Event, and the training process
 killed so the supervisor restarts it in place (`trainguard.agent.stopping`: through the
 supervisor, since the agent runs as another user); a kill that did not happen is an Event too.
+The killed trainer stays `Hung` until its successor is watched (`AFTER_KILL`): one hang, one
+failure.
 Every restore record (`restore.json`: the restore step's at the pod's start, the harness's
 when a restarted trainer resumed from elsewhere, e.g. from L0) is a `Restored` Event and the
 Lease's `trainguard.dev/restored`; the Lease also carries L0's newest checkpoint beside the
@@ -39,6 +41,7 @@ from trainguard.agent.verdicts import (
     DEAD,
     HEALTHY,
     HUNG,
+    SLOW,
     UNKNOWN,
     Thresholds,
     Verdict,
@@ -66,6 +69,17 @@ ANNOTATION_LIMIT = 1000  # bytes of evidence JSON; all annotations stay well und
 LAYERS_ANNOTATION_LIMIT = 2000
 MAX_BACKOFF_S = 30.0
 KILL_RETRY_S = 30.0  # a hung trainer that could not be killed is tried again after this
+# What the verdict on a trainer this agent had killed for hanging may say until its successor
+# is watched, all of it that hang's, not news: absence (the kill itself), and alive or even
+# advancing (the kill is asynchronous: a process still exiting at the next look, after the
+# steps a SIGSTOPped trainer takes once continued for its stack dump). Each is kept `Hung`,
+# with the hang's start, so one hang is one failure for the operator (a Healthy in between
+# would make the Hung that follows a new failure at nearly the same step:
+# RepeatedFailureAtStep after a single hang). Node verdicts (memory, I/O) are news, kept.
+# Settled here because only the agent knows which trainer it had killed: the supervisor cannot
+# dump a stopped process's stacks without letting it run (faulthandler runs in the process;
+# ptrace is not granted under the restricted profile), and the operator sees verdicts, not PIDs.
+AFTER_KILL = frozenset({HEALTHY, SLOW, DEAD})
 STACK_EVENT_BYTES = 900  # an Event message stays under 1 KiB
 FRAME_FILE = re.compile(r'File "([^"]+)"')
 STDLIB_MARK = "/lib/python3"
@@ -249,9 +263,7 @@ class Agent:
             self.note_findings(self.shipper.take_findings())
         verdict = classify(signals, self.thresholds)
         pid = self.collector.pid
-        if verdict.name == DEAD and pid is not None and pid == self.killed_pid:
-            # The absence this agent caused by killing a hung trainer is that hang's
-            # consequence, not a new failure: the verdict stays Hung until the restart.
+        if verdict.name in AFTER_KILL and pid is not None and pid == self.killed_pid:
             verdict = Verdict(
                 HUNG, f"hung trainer pid {pid} killed; waiting for its restart", verdict.evidence
             )
