@@ -12,7 +12,10 @@ on a fresh namespace and creates one TrainingRun with `monitor.intervalSeconds: 
    raises no false alarm over a normal run. A watchdog polling every `--watchdog-poll`
    seconds runs over the same stretch and must raise none.
 2. `--deaths` silent deaths: SIGKILL of the training process (pid from the heartbeat file),
-   each at a random moment of steady training. For each it measures
+   each at a random moment of steady training, at least `--steady-seconds` after the
+   previous restart (by then the supervisor's warm standby for the next restart is ready;
+   `--steady-seconds 0` kills back to back, which measures restarts without one). For each
+   it measures
    - death -> `Dead` visible in the run's status, as delivered by a WATCH
      (`kubectl get -w -o json`, read as it streams; no polling);
    - death -> next training step (the heartbeat of the restarted process shows a step);
@@ -96,10 +99,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--watchdog-poll", type=float, default=1.0, help="the log-age watchdog's poll (s)"
     )
+    parser.add_argument(
+        "--steady-seconds",
+        type=float,
+        default=20.0,
+        help="training after a restart before the next death (0: as soon as it is steady)",
+    )
     parser.add_argument("--timeout", type=float, default=1200.0, help="give up after (seconds)")
     args = parser.parse_args(argv)
     if args.deaths < 1 or args.normal_seconds <= 0 or args.watchdog_poll <= 0:
         parser.error("--deaths must be >= 1; --normal-seconds and --watchdog-poll > 0")
+    if args.steady_seconds < 0:
+        parser.error("--steady-seconds must be >= 0")
     return args
 
 
@@ -270,18 +281,7 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
     cluster.kubectl(
         "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / f"{CRD_NAME}.yaml")
     )
-    # Polled, not `kubectl wait`: on a fresh apiserver the CRD may have no conditions yet,
-    # which `kubectl wait` takes for an error.
-    established = '{.status.conditions[?(@.type=="Established")].status}'
-    eventually(
-        lambda: (
-            cluster.kubectl("get", f"crd/{CRD_NAME}", "-o", f"jsonpath={established}").stdout
-            == "True"
-        ),
-        90,
-        "the CRD established",
-        0.5,
-    )
+    cluster.wait_established(CRD_NAME, 90)
     namespace = f"detect-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
     work = Path(tempfile.mkdtemp(prefix="bench-detect-"))
@@ -404,6 +404,10 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
 
             eventually(steady, seconds_left(deadline), f"death {number}: steady training", POLL_S)
             watch.wait(lambda s: s.get("verdict") == "Healthy", resumed_at, deadline, "Healthy")
+            # A death after a stretch of training, as most are, not moments after the last one:
+            # the supervisor's warm standby for the next restart is started and ready by then.
+            if number < args.deaths:
+                time.sleep(max(0.0, args.steady_seconds - (time.monotonic() - resumed_at)))
         status = watch.latest()
         return {
             "deaths": args.deaths,
@@ -421,6 +425,7 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
             "baseline_watchdog_poll_s": args.watchdog_poll,
             "monitor_interval_s": INTERVAL_S,
             "restart_backoff_s": BACKOFF_S,
+            "steady_seconds_between_deaths": args.steady_seconds,
             "checkpoint_every_steps": EVERY_STEPS,
             "steps_lost_max": max(lost),
             "steps_lost_median": statistics.median(lost),

@@ -264,9 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             "-f",
             str(REPO / "crds" / f"{CRD_NAME}.yaml"),
         )
-        cluster.kubectl(
-            "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s", timeout=90
-        )
+        cluster.wait_established(CRD_NAME, 90)
         rest = Rest(cluster.server, cluster.pki, timeout=60.0)
         gangs = [
             measure_gang(cluster, rest, members, args.timeout, args.resync, args.spare)

@@ -84,9 +84,7 @@ def measure(cluster: Cluster, runs: int, timeout: float) -> dict[str, Any]:
     cluster.kubectl(
         "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds" / f"{CRD_NAME}.yaml")
     )
-    cluster.kubectl(
-        "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s", timeout=90
-    )
+    cluster.wait_established(CRD_NAME, 90)
     tag = uuid.uuid4().hex[:6]
     namespace, pool = f"bench-{tag}", f"bench-{tag}"
     node_names = [f"bench-{tag}-{i}" for i in range(math.ceil(runs / RUNS_PER_NODE))]

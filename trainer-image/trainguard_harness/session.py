@@ -22,7 +22,8 @@ before `resume()`.
 
 L0 (`HarnessSettings.l0_dir`, the pod-memory layer the operator mounts; off when unset): a
 second writer keeps the last `L0_KEEP_LAST` checkpoints there, in the same verified format, at
-a cadence of its own: after a step, once the previous L0 persist is done, when a snapshot's
+a cadence of its own (hashed as written, not read back: see `verify_after_write` below; a
+resume verifies it): after a step, once the previous L0 persist is done, when a snapshot's
 stall (the least of the last `L0_STALL_SAMPLES`) is at most `L0_STALL_BUDGET` (1 %) of the
 loop's time since the last one, or at most `L0_STALL_FLOOR_S` (5 ms, the fixed cost of copying
 a small state tensor by tensor, which a step of seconds does not notice). So a small state is
@@ -162,7 +163,12 @@ class TrainingSession:
                 l0_dir,
                 keep_last=L0_KEEP_LAST,
                 algorithm=self.settings.hash_algorithm,
-                verify_after_write=verify_after_write,
+                # Memory has no device behind a page cache to read back from: a read-back
+                # would hash again the bytes just hashed as they were written, and keep the
+                # writer busy (no snapshot) for as long. A snapshot is verified where it
+                # counts, before a resume uses it (`resume`), which also catches a byte
+                # flipped in memory since.
+                verify_after_write=False,
                 on_event=self._on_l0_event,
                 # Short writes into memory that must keep up with the steps: not yielded to
                 # the loop (a niced persist starves on a busy node and L0 falls steps behind).
