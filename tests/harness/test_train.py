@@ -114,11 +114,17 @@ def test_full_disk_fails_loudly_and_keeps_the_previous_checkpoint(
     assert found.invalid == () and found.partial == ()
 
 
-def test_sigterm_saves_the_current_step_and_exits_143(data_dir: Path, tmp_path: Path) -> None:
+# Sharded without a launcher: one rank holding the whole state, saved through DCP.
+@pytest.mark.parametrize("mode", [(), ("--sharded",)], ids=["replicated", "sharded"])
+def test_sigterm_saves_the_current_step_and_exits_143(
+    data_dir: Path, tmp_path: Path, mode: tuple[str, ...]
+) -> None:
     loss_log = tmp_path / "loss.jsonl"
     process = subprocess.Popen(
         trainer_command(
-            data_dir, "--steps", "100000", "--ckpt-every-steps", "0", "--loss-log", str(loss_log)
+            data_dir,
+            *("--steps", "100000", "--ckpt-every-steps", "0", "--loss-log", str(loss_log)),
+            *mode,
         ),
         env=trainer_env(tmp_path),
         text=True,
@@ -129,6 +135,9 @@ def test_sigterm_saves_the_current_step_and_exits_143(data_dir: Path, tmp_path: 
     last_step = losses(loss_log)[-1][0]
     newest = scan(tmp_path / "l1").newest_valid
     assert newest is not None and newest.step == last_step
+    assert newest.manifest is not None
+    # A sharded checkpoint records its world (here of one rank); a replicated one none.
+    assert newest.manifest.world_size == (1 if mode else None)
 
 
 def test_a_step_time_floor_paces_training(data_dir: Path, tmp_path: Path) -> None:

@@ -111,6 +111,11 @@ def agree_on_step(step: int) -> int:
     return int(value.item())
 
 
+def rank0_decides(decision: bool) -> bool:
+    """Rank 0's `decision`, on every rank (one taken on rank 0's clock, such as a time cadence)."""
+    return bool(agree_on_step(int(decision)))
+
+
 def reduce_step(loss: float, stop: bool) -> tuple[float, bool]:
     """(the mean of every rank's loss, whether any rank was asked to stop)."""
     dist = process_group()

@@ -18,7 +18,8 @@ cadence come from the environment contract (`HarnessSettings.from_env`).
 Several ranks (torchrun, `trainguard_harness.ranks`): every rank reports its steps in its own
 heartbeat; only rank 0 saves (the state is replicated); `resume()` loads on every rank the
 checkpoint rank 0 chose, so all ranks start from the same step. Initialise the process group
-before `resume()`.
+before `resume()`. A state sharded over the ranks (FSDP2, DTensor), which every rank saves its
+part of, takes `trainguard_harness.sharded.ShardedSession` instead.
 
 L0 (`HarnessSettings.l0_dir`, the pod-memory layer the operator mounts; off when unset): a
 second writer keeps the last `L0_KEEP_LAST` checkpoints there, in the same verified format, at
@@ -154,27 +155,7 @@ class TrainingSession:
             verify_after_write=verify_after_write,
             on_event=self._on_event,
         )
-        # Rank 0 alone saves, so it alone is L0's writer (and removes a killed writer's leftovers).
-        l0_dir = self.settings.l0_dir
-        self.l0_writer = (
-            None
-            if l0_dir is None or not self.ranks.saves
-            else CheckpointWriter(
-                l0_dir,
-                keep_last=L0_KEEP_LAST,
-                algorithm=self.settings.hash_algorithm,
-                # Memory has no device behind a page cache to read back from: a read-back
-                # would hash again the bytes just hashed as they were written, and keep the
-                # writer busy (no snapshot) for as long. A snapshot is verified where it
-                # counts, before a resume uses it (`resume`), which also catches a byte
-                # flipped in memory since.
-                verify_after_write=False,
-                on_event=self._on_l0_event,
-                # Short writes into memory that must keep up with the steps: not yielded to
-                # the loop (a niced persist starves on a busy node and L0 falls steps behind).
-                background=False,
-            )
-        )
+        self.l0_writer = self._new_l0_writer()
         self.last_l0_step: int | None = None
         self._l0_stalls: deque[float] = deque(maxlen=L0_STALL_SAMPLES)  # the last stalls
         self._l0_time = time.monotonic()
@@ -192,6 +173,26 @@ class TrainingSession:
         # Invalid L1 checkpoints, for the heartbeat; the writer's thread reports them too.
         self._findings: list[Finding] = []
         self._findings_lock = threading.Lock()
+
+    def _new_l0_writer(self) -> CheckpointWriter | None:
+        """L0's writer: rank 0's alone, which saves (and removes a killed writer's leftovers)."""
+        l0_dir = self.settings.l0_dir
+        if l0_dir is None or not self.ranks.saves:
+            return None
+        return CheckpointWriter(
+            l0_dir,
+            keep_last=L0_KEEP_LAST,
+            algorithm=self.settings.hash_algorithm,
+            # Memory has no device behind a page cache to read back from: a read-back would
+            # hash again the bytes just hashed as they were written, and keep the writer busy
+            # (no snapshot) for as long. A snapshot is verified where it counts, before a
+            # resume uses it (`resume`), which also catches a byte flipped in memory since.
+            verify_after_write=False,
+            on_event=self._on_l0_event,
+            # Short writes into memory that must keep up with the steps: not yielded to the
+            # loop (a niced persist starves on a busy node and L0 falls steps behind).
+            background=False,
+        )
 
     def _heartbeat(self) -> Heartbeat:
         """The heartbeat of the calling rank: a file of its own where the pod runs several."""
@@ -365,16 +366,7 @@ class TrainingSession:
         Raises CheckpointSaveError only when `on_save_error` is `stop`; otherwise a failed save
         is logged and put in the heartbeat, and training goes on.
         """
-        self._steps_this_process += 1
-        self._rate_tokens += tokens
-        now = time.monotonic()
-        fields: dict[str, Any] = {hb.STEP: step, hb.PHASE: hb.PHASE_TRAINING}
-        if loss is not None:
-            fields[hb.LOSS] = loss
-        if now - self._rate_start >= RATE_WINDOW_S:
-            fields[hb.TOKENS_PER_S] = self._rate_tokens / (now - self._rate_start)
-            self._rate_start, self._rate_tokens = now, 0
-        self.heartbeat.update(**fields)
+        self.report_step(step, loss=loss, tokens=tokens)
         if not self.ranks.saves:
             return  # rank 0 saves the replicated state
         self._guard(self.writer.check)
@@ -389,6 +381,19 @@ class TrainingSession:
                 self._l0(lambda writer: writer.prepare(state))
             return
         self.save_l0(step)
+
+    def report_step(self, step: int, *, loss: float | None = None, tokens: int = 0) -> None:
+        """Put a finished step in the heartbeat (step, loss, tokens/s over the rate window)."""
+        self._steps_this_process += 1
+        self._rate_tokens += tokens
+        now = time.monotonic()
+        fields: dict[str, Any] = {hb.STEP: step, hb.PHASE: hb.PHASE_TRAINING}
+        if loss is not None:
+            fields[hb.LOSS] = loss
+        if now - self._rate_start >= RATE_WINDOW_S:
+            fields[hb.TOKENS_PER_S] = self._rate_tokens / (now - self._rate_start)
+            self._rate_start, self._rate_tokens = now, 0
+        self.heartbeat.update(**fields)
 
     def l0_due(self) -> bool:
         """Whether L0 takes a snapshot now: its stall fits the budget, its writer is idle."""

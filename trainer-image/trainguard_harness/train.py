@@ -13,6 +13,15 @@ Under torchrun (several ranks in a pod, `spec.trainer.procsPerNode`) it trains d
 every batch, rank 0 alone saves and writes `--loss-log` (the mean of the ranks' losses), and
 every rank resumes from the step rank 0 chose (`trainguard_harness.ranks`).
 
+`--sharded` trains fully sharded instead (FSDP2, `fully_shard` per block and on the model: each
+rank holds its part of the parameters and of the optimizer's moments; gloo on CPU): every rank
+saves its shard of each checkpoint into one global checkpoint (`torch.distributed.checkpoint`
+through trainguard's writer, the global manifest written last by rank 0), and on resume every
+rank loads its shard of the newest checkpoint that verifies as a whole: one with a corrupt
+shard on any rank is skipped, and all ranks resume from the one before
+(`trainguard_harness.sharded`). The ranks share L1 (one pod), save synchronously, and use no
+L0. Run alone (no launcher) it is one rank holding the whole state.
+
 `--min-step-seconds S` makes every step last at least S seconds (the loop waits out the rest).
 On a CPU the tiny model steps in milliseconds, far faster than any accelerator step, so a
 background save would span several steps; with a floor such as 0.1 s the ratio of save time to
@@ -34,12 +43,15 @@ import time
 from pathlib import Path
 
 import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 from trainguard.contract.files import share_with_pod
 from trainguard_harness.model import GPT, PRESETS
 from trainguard_harness.ranks import Ranks, reduce_step
 from trainguard_harness.session import TrainingSession
 from trainguard_harness.settings import HarnessSettings, OnSaveError
+from trainguard_harness.sharded import ShardedModel, ShardedOptimizer, ShardedSession
 from trainguard_harness.shards import TokenStream
 
 LOG = logging.getLogger("trainguard_harness.train")
@@ -66,6 +78,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     train.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     train.add_argument("--log-every", type=int, default=10, help="steps between log lines")
     train.add_argument("--loss-log", type=Path, help="append {step, loss} JSON lines here")
+    train.add_argument(
+        "--sharded",
+        action="store_true",
+        help="shard the model and optimizer over the ranks (FSDP2); every rank saves its shard",
+    )
     train.add_argument(
         "--min-step-seconds",
         type=float,
@@ -120,9 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", ranks.local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
+    backend = "nccl" if use_cuda else "gloo"
     if ranks.distributed:
         # MASTER_ADDR/MASTER_PORT, RANK and WORLD_SIZE come from the launcher (env://).
-        torch.distributed.init_process_group(backend="nccl" if use_cuda else "gloo")
+        torch.distributed.init_process_group(backend=backend)
+    elif args.sharded:
+        # A world of one: FSDP2 and DCP's collectives need a process group all the same.
+        store = torch.distributed.HashStore()  # type: ignore[attr-defined]
+        torch.distributed.init_process_group(backend, store=store, rank=0, world_size=1)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     overrides = {
@@ -134,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     model = GPT(config).to(device)
     # The checkpoint holds the plain model, so it resumes with any number of ranks.
     forward: torch.nn.Module = model
-    if ranks.distributed:
+    if args.sharded:
+        mesh = init_device_mesh(device.type, (ranks.world_size,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    elif ranks.distributed:
         forward = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[ranks.local_rank] if use_cuda else None
         )
@@ -149,10 +176,23 @@ def main(argv: list[str] | None = None) -> int:
         rank=ranks.rank,
         world_size=ranks.world_size,
     )
-    session = TrainingSession(
-        {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": data},
-        settings,
-        ranks=ranks,
+    session = (
+        ShardedSession(
+            {
+                "model": ShardedModel(model),
+                "optimizer": ShardedOptimizer(model, optimizer),
+                "scheduler": scheduler,
+                "data": data,
+            },
+            settings,
+            ranks=ranks,
+        )
+        if args.sharded
+        else TrainingSession(
+            {"model": model, "optimizer": optimizer, "scheduler": scheduler, "data": data},
+            settings,
+            ranks=ranks,
+        )
     )
     start = session.resume()
     LOG.info(
@@ -204,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         if loss_log is not None:
             loss_log.close()
     session.close(step)
-    if ranks.distributed:
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     if stop or session.stop_requested:
         LOG.warning("stopped at step %d by SIGTERM after saving", step)

@@ -29,6 +29,7 @@ from pydantic import JsonValue
 from trainguard.ckpt import (
     DEFAULT_ALGORITHM,
     CheckpointTransaction,
+    Committed,
     Problem,
     new_hasher,
     prune,
@@ -249,6 +250,16 @@ class CheckpointWriter:
                     out.write(component.header())
                     out.write(snapshot.data(index))
             committed = txn.commit()
+        return self.settle(committed, time.perf_counter() - started)
+
+    def settle(self, committed: Committed, write_seconds: float = 0.0) -> PersistStats:
+        """Verify, retire and report a committed checkpoint: read back, keep-last-N, events.
+
+        Its own saves end here, and so does one another writer committed into this root (a
+        sharded save's coordinator, `trainguard_harness.dcp`), which is then treated as one of
+        its own. Raises CheckpointSaveError when it does not verify.
+        """
+        step = committed.manifest.step
         written = time.perf_counter()
         # The name holds this new checkpoint now (an invalid one in the way was moved aside).
         self._invalid.discard(committed.path)
@@ -287,7 +298,7 @@ class CheckpointWriter:
             step,
             committed.path,
             committed.manifest.total_bytes,
-            written - started,
+            write_seconds,
             verified - written,
         )
         self.last_persisted = stats

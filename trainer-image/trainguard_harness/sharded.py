@@ -1,0 +1,209 @@
+"""Sharded checkpoints: every rank saves its own part of the state (FSDP2, DTensor).
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    parts = {"model": ShardedModel(model), "optimizer": ShardedOptimizer(model, optimizer),
+             "scheduler": scheduler, "data": loader}
+    session = ShardedSession(parts)          # the TrainingSession surface; every rank saves
+    start = session.resume()
+
+`TrainingSession` has rank 0 save a replicated state. Here each rank holds a part of the state
+(its shards of the parameters and of the optimizer's moments), so each rank saves it: every
+checkpoint is written with `torch.distributed.checkpoint` through trainguard's storage writer
+(`trainguard_harness.dcp`) as one global checkpoint in L1: each rank's files under its
+`rank-<k>/`, the global manifest written last by the coordinator (rank 0) once every rank's
+shard is there. The ranks share L1 (the ranks of one pod).
+
+- **Save**, on every rank at the same steps: the step cadence is the same everywhere, the time
+  cadence is read on rank 0's clock and told to all (`rank0_decides`). It is `dcp.save`, so the
+  loop waits for the write (`async_save` would run its collectives in a thread beside the
+  training's, which needs a process group of its own). Rank 0 then reads the checkpoint back
+  and applies keep-last-N to L1 (`CheckpointWriter.settle`), as for a save of its own.
+- **Resume**: rank 0 picks the newest L1 checkpoint that verifies as a whole (every rank's
+  files hashed); one with any rank's file missing or corrupt is skipped as a whole (rank 0's
+  intact shard of it is never read), kept, and reported like any invalid checkpoint (the
+  heartbeat's findings, `restore.json`). Every rank then loads its own shard of that one
+  checkpoint through the verifying reader, so all ranks resume from one global step.
+- **RNG states** are each rank's own (its dropout draws its own numbers): saved under
+  `rng/<rank>`, restored on that rank.
+- **No L0**: a memory snapshot of one rank's part is no checkpoint, so a restart in place
+  resumes from L1. Only checkpoints written this way are read: a replicated one (rank 0's
+  `model.safetensors`) has no DCP metadata: the reader refuses it, and the trainer stops
+  with its error rather than start afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from trainguard.api.constants import L1_LAYER
+from trainguard.ckpt import Search, find_newest_valid, step_dirname, verify
+from trainguard_harness import heartbeat as hb
+from trainguard_harness import rng
+from trainguard_harness.dcp import TrainguardReader, TrainguardWriter
+from trainguard_harness.ranks import agree_on_step, rank0_decides
+from trainguard_harness.reader import LoadedCheckpoint, LoadResult
+from trainguard_harness.session import RNG_COMPONENT, TrainingSession
+from trainguard_harness.writer import CheckpointSaveError, CheckpointWriter, SaveStats
+
+LOG = logging.getLogger(__name__)
+
+
+class ShardedModel:
+    """A sharded module as a checkpoint component: this rank's shards (DTensors) of its state."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        """The calling rank's part of the model's state, by fully qualified name."""
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put a loaded state back into the sharded parameters."""
+        set_model_state_dict(self.model, state)
+
+
+class ShardedOptimizer:
+    """An optimizer over sharded parameters as a checkpoint component (its moments sharded too).
+
+    Its state is keyed by parameter name, not position: the form DCP saves and reshards.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        """The calling rank's part of the optimizer's state (allocated first when fresh).
+
+        DCP loads in place into what this returns, so a fresh optimizer gets its state
+        allocated (a step at learning rate 0) before a load.
+        """
+        state: dict[str, Any] = get_optimizer_state_dict(self.model, self.optimizer)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put a loaded state back into the optimizer."""
+        set_optimizer_state_dict(self.model, self.optimizer, state)
+
+
+class ShardedSession(TrainingSession):
+    """A `TrainingSession` whose every rank saves its shard of each global checkpoint.
+
+    See the module docstring. The process group is up before it is built.
+    """
+
+    def _new_l0_writer(self) -> CheckpointWriter | None:
+        return None  # one rank's part of the state is no checkpoint (module docstring)
+
+    def state(self) -> dict[str, object]:
+        """Every component's state (this rank's part of it), with this rank's RNG states."""
+        state: dict[str, object] = {
+            name: component.state_dict() for name, component in self.components.items()
+        }
+        state[RNG_COMPONENT] = {str(self.ranks.rank): rng.capture()}
+        return state
+
+    def resume(self) -> int:
+        """Load every rank's shard of the newest checkpoint that verifies as a whole; its step.
+
+        0 on a fresh run.
+        """
+        self.heartbeat.update(phase=hb.PHASE_LOADING)
+        l1 = self.settings.l1_dir
+        # Rank 0 chooses, reading every rank's files; the others load what it chose.
+        search = find_newest_valid(l1) if self.ranks.saves else Search(None, ())
+        for invalid in search.skipped:
+            self._on_invalid(L1_LAYER, invalid)
+        newest = search.newest
+        step = agree_on_step(0 if newest is None or newest.step is None else newest.step)
+        loaded: LoadedCheckpoint | None = None
+        if step:
+            path = l1 / step_dirname(step)
+            state = self.state()
+            dcp_load(state, storage_reader=TrainguardReader(path))
+            for name, component in self.components.items():
+                component.load_state_dict(state[name])
+            rng_states = state[RNG_COMPONENT]
+            assert isinstance(rng_states, dict)  # as `state()` built it
+            rng.restore(rng_states[str(self.ranks.rank)])
+            chosen = newest if newest is not None else verify(path, check_hashes=False)
+            assert chosen.manifest is not None  # the reader refuses a checkpoint without one
+            loaded = LoadedCheckpoint(path, chosen.manifest, state)
+            self.last_saved_step = step
+            LOG.info("rank %d resumed from %s (layer %s)", self.ranks.rank, path, L1_LAYER)
+        result = LoadResult(
+            loaded,
+            search.skipped,
+            L1_LAYER if loaded is not None else None,
+            (L1_LAYER,) * len(search.skipped),
+        )
+        self.resumed = result
+        if self.ranks.saves:
+            self._record_restore(result)
+        self._last_save_time = time.monotonic()
+        self.heartbeat.update(phase=hb.PHASE_TRAINING, step=step, last_checkpoint_step=step or None)
+        return step
+
+    def end_step(self, step: int, *, loss: float | None = None, tokens: int = 0) -> None:
+        """Report a finished step; every rank saves its shard when the cadence says so.
+
+        Raises CheckpointSaveError only when `on_save_error` is `stop`.
+        """
+        self.report_step(step, loss=loss, tokens=tokens)
+        due = self.due(step)
+        if self.settings.every_seconds:
+            due = rank0_decides(due)  # the ranks' clocks differ; they must save together
+        if due:
+            self.save(step)
+
+    def save(self, step: int) -> SaveStats | None:
+        """Save this rank's shard of the checkpoint of `step` (every rank calls it); None if failed.
+
+        The loop waits for the whole save: the stall is the save's time.
+        """
+        self.heartbeat.update(phase=hb.PHASE_SAVING)
+        try:
+            stats = self._guard(lambda: self._save_shard(step))
+        finally:
+            self.heartbeat.update(phase=hb.PHASE_TRAINING)
+        self._last_save_time = time.monotonic()
+        if stats is not None:
+            self.last_saved_step = step
+            self.last_save_stats = stats
+            self.heartbeat.update(checkpoint_stall_s=round(stats.stall_seconds, 6))
+        return stats
+
+    def _save_shard(self, step: int) -> SaveStats:
+        started = time.perf_counter()
+        writer = TrainguardWriter(
+            self.settings.l1_dir, step, algorithm=self.settings.hash_algorithm
+        )
+        try:
+            dcp_save(self.state(), storage_writer=writer)
+        except CheckpointException as error:
+            # Raised on every rank alike: the ranks keep agreeing on what was saved.
+            raise CheckpointSaveError(step, str(error)) from error
+        committed = writer.committed
+        if committed is not None:  # the coordinator: read back, keep-last-N, the SAVED event
+            self.writer.settle(committed, time.perf_counter() - started)
+            nbytes = committed.manifest.total_bytes
+        else:
+            self.heartbeat.update(last_checkpoint_step=step, checkpoint_error=None)
+            nbytes = 0  # the coordinator alone knows the whole checkpoint's size
+        return SaveStats(step, 0.0, time.perf_counter() - started, nbytes)
