@@ -38,11 +38,10 @@ from trainguard.contract.files import read_json, read_rank_pids
 from trainguard.operator.k8s.leases import lease_view
 from trainguard.operator.policies.fencing import reported_step
 from trainguard_dev.cluster.cluster import Cluster
-from trainguard_dev.cluster.procnode import DOWN_FILENAME, claim_dir, shared_claim
+from trainguard_dev.cluster.procnode import DOWN_FILENAME, claim_dir, pod_processes, shared_claim
 from trainguard_dev.demo.env import create_claim
 from trainguard_dev.testing.pods import (
     checkpointed,
-    kill_pod_processes,
     pod_directory,
     state_dir,
 )
@@ -225,7 +224,8 @@ def test_a_corrupt_rank_shard_on_the_remote_layer_is_skipped_as_a_whole_by_the_r
 
     # The node vanishes with every process of the pod: no final save, no flush.
     (cluster.root / "procnodes" / lost / DOWN_FILENAME).touch()
-    kill_pod_processes(pod_directory(cluster.root, pod))
+    uid = str(pod["metadata"]["uid"])
+    eventually(lambda: not pod_processes(uid), 30, "every process of the pod gone", 0.1)
     # The newest checkpoint the next attempt may restore: the newest its agent reported
     # shipped (the fence; anything shipped after its last report is never restored).
     lease = get_json(cluster, "lease", lease_name(name), "-n", namespace)

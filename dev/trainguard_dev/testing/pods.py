@@ -8,8 +8,6 @@ and each container's output (``<container>.log``). The trainer writes its heartb
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,30 +41,6 @@ def checkpointed(state: Path, step: int) -> Obj | None:
     """The heartbeat once the trainer has saved a checkpoint at or past `step`, else None."""
     beat = heartbeat(state)
     return beat if beat and (beat.get("last_checkpoint_step") or 0) >= step else None
-
-
-def kill_pod_processes(pod_dir: Path) -> int:
-    """SIGKILL every process whose environment names the pod's directory; how many.
-
-    A vanished machine takes every process with it, but a process-backed node's `down` kills
-    only each container's process group: the supervisor starts the ranks in sessions of their
-    own, which would live on beside the run's next attempt. On a process-backed node every
-    container's environment holds its volumes' paths, which lie under the pod's directory, and
-    children inherit it.
-    """
-    marker = str(pod_dir).encode()
-    killed = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if marker not in (entry / "environ").read_bytes():
-                continue
-            os.kill(int(entry.name), signal.SIGKILL)
-            killed += 1
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-    return killed
 
 
 def real_state_dir(kubelet_root: Path, pod: Mapping[str, Any]) -> Path:
