@@ -69,7 +69,7 @@ def test_process_node_pods_run_the_code_the_node_runtime_runs(
     # pods' agent and trainer must run its code, as the operator the tests start does.
     monkeypatch.setenv("PYTHONPATH", "/checkout/operator:/checkout/dev")
     runtime = NodeRuntime(cast(Rest, None), tmp_path, ["proc-node-0"])
-    pod = {"spec": {"automountServiceAccountToken": False}}
+    pod = {"metadata": {"uid": "uid-1"}, "spec": {"automountServiceAccountToken": False}}
     env = runtime._base_env("proc-node-0", pod, tmp_path / "pod")
     assert env["PYTHONPATH"] == "/checkout/operator:/checkout/dev"
     monkeypatch.delenv("PYTHONPATH")

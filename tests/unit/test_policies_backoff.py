@@ -9,6 +9,7 @@ import pytest
 from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import Reason
 from trainguard.api.spec import Backoff
+from trainguard.api.status import ExcludedNode
 from trainguard.api.status import Failure as FailureRecord
 from trainguard.operator.policies.backoff import delay, hold, remaining, streak
 from trainguard.operator.policies.lifecycle import Decision
@@ -92,6 +93,36 @@ def test_hold_keeps_a_rescheduled_attempt_back_until_the_delay_passed(
 ) -> None:
     held, left = hold(decision, status, FIVE_TO_300, T0)
     assert (held.attempt, held.create) == (attempt, create)
+    assert left == pytest.approx(wait)
+
+
+def moved_off(counted: int, cause: str, excluded: str | None) -> TrainingRunStatus:
+    """A failure on node-a a second before T0, with `excluded` in the excluded nodes."""
+    status = failed(counted, 1)
+    assert status.last_failure is not None
+    last = status.last_failure.model_copy(update={"cause": cause, "node": "node-a"})
+    nodes = [] if excluded is None else [ExcludedNode(node=excluded, reason=cause, time=T0)]
+    return status.model_copy(update={"last_failure": last, "excluded_nodes": nodes})
+
+
+@pytest.mark.parametrize(
+    ("status", "create", "wait"),
+    [
+        # The first move off the node the failure excluded is created at once...
+        (moved_off(1, "GhostMemory", "node-a"), True, 0.0),
+        (moved_off(1, "LeaseExpired", "node-a"), True, 0.0),
+        # ... a second failure in a row waits as usual (the second delay, 10 s, less 1 s),
+        (moved_off(2, "GhostMemory", "node-a"), False, 9.0),
+        # and so does a reschedule that keeps the node, or leaves one excluded long ago.
+        (moved_off(1, "LeaseExpired", None), False, 4.0),
+        (moved_off(1, "GhostMemory", "node-b"), False, 4.0),
+    ],
+)
+def test_the_first_move_off_a_node_its_failure_excluded_is_not_held(
+    status: TrainingRunStatus, create: bool, wait: float
+) -> None:
+    held, left = hold(RESCHEDULE, status, FIVE_TO_300, T0)
+    assert held.create is create
     assert left == pytest.approx(wait)
 
 

@@ -265,14 +265,31 @@ def test_a_rescheduled_run_shows_no_verdict_until_the_new_attempts_agent_reports
     assert api.run()["status"]["verdict"] == "Healthy"
 
 
-def test_the_next_attempt_waits_for_the_restart_back_off_and_books_a_cycle() -> None:
+def test_the_first_move_off_a_sick_node_is_not_held_by_the_restart_back_off() -> None:
     api = api_with_run(recovery={"backoff": {"initialSeconds": 30, "maxSeconds": 60}})
     api.objects["/api/v1/nodes/gpu-a"] = {"metadata": {"name": "gpu-a", "resourceVersion": "1"}}
     cycle(api)
     api.objects[f"/api/v1/namespaces/{NAMESPACE}/pods/llm-1"]["spec"]["nodeName"] = "gpu-a"
     sick = LeaseView(Verdict.GHOST_MEMORY, 120, 100, '{"reason":"held"}', holder="llm-1")
-    outcomes = [
+    for _ in range(3):
         reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, False, lease=sick)  # type: ignore[arg-type]
+    # The node is excluded and the run leaves it at once: a delay heals no node.
+    assert [p["metadata"]["name"] for p in api.pods()] == ["llm-2"]
+    status = api.run()["status"]
+    assert status["attempt"] == 2 and status["restarts"] == 1
+    assert [e["node"] for e in status["excludedNodes"]] == ["gpu-a"]
+
+
+def test_the_next_attempt_waits_for_the_restart_back_off_and_books_a_cycle() -> None:
+    api = api_with_run(recovery={"backoff": {"initialSeconds": 30, "maxSeconds": 60}})
+    api.objects["/api/v1/nodes/gpu-a"] = {"metadata": {"name": "gpu-a", "resourceVersion": "1"}}
+    cycle(api)
+    pod = api.objects[f"/api/v1/namespaces/{NAMESPACE}/pods/llm-1"]
+    pod["spec"]["nodeName"] = "gpu-a"
+    # The supervisor gave up: the pod Failed on a healthy node, which the run keeps.
+    pod["status"] = {"phase": "Failed", "message": "the supervisor gave up"}
+    outcomes = [
+        reconcile(api, copy.deepcopy(api.run()), api.views(), SETTINGS, False)  # type: ignore[arg-type]
         for _ in range(3)
     ]
     # The old pod is gone, the next one held back: the first restart waits 30 s.

@@ -10,6 +10,8 @@
   Pod Security `restricted` (the real-node tests and `trainguard demo --real-nodes`).
 - `goodput`: the goodput benchmark's arithmetic (goodput, steps recomputed, time lost per
   failure), from the steps a run executed and the failures caused to it.
+- `move`: the move benchmark's arithmetic (the phases of a move to a fresh node, from the
+  milestones the system records, and their medians).
 
 Nothing here is part of the product: `trainguard` never imports it.
 """

@@ -9,6 +9,12 @@ supervisor reads the run's `spec.recovery` from the env contract (`TRAINGUARD_RE
 waits the same delays between training processes, timing each process it ran; the operator
 holds the next attempt of a rescheduled run until the delay since the recorded failure has
 passed, and takes the run as restarted when the delay after its last failure ended.
+
+One restart is no crash loop: the first of a streak that moves the run off the node its
+failure excluded (ghost memory, stuck I/O, a lost node: `fresh_node_move`) is created at once.
+The run leaves a sick node for a fresh one, which a delay would not make healthier; a second
+failure in a row waits as usual (and the streak's reset is then counted from a restart taken
+as later than it was: a conservative error of at most the first delay).
 """
 
 from __future__ import annotations
@@ -58,15 +64,26 @@ def remaining(status: TrainingRunStatus, backoff: Backoff, now: datetime) -> flo
     return max(0.0, delay(backoff, status.backoff_restarts) - waited)
 
 
+def fresh_node_move(status: TrainingRunStatus) -> bool:
+    """Whether the next restart is its streak's first and leaves the node its failure excluded."""
+    last = status.last_failure
+    if last is None or last.node is None or status.backoff_restarts > 1:
+        return False
+    return any(excluded.node == last.node for excluded in status.excluded_nodes)
+
+
 def hold(
     decision: Decision, status: TrainingRunStatus, backoff: Backoff, now: datetime
 ) -> tuple[Decision, float]:
     """The decision with a rescheduled attempt held back while the back-off runs.
 
     Returns the decision to act on and the seconds left (0: act now). Only the ladder's
-    reschedules wait: a first pod, a resume or a spec change is created at once.
+    reschedules wait, and not the first move off a node the failure excluded: a first pod, a
+    resume or a spec change is created at once.
     """
     if not decision.create or decision.cause is not Reason.RESCHEDULING:
+        return decision, 0.0
+    if fresh_node_move(status):
         return decision, 0.0
     wait = remaining(status, backoff, now)
     if wait <= 0:
