@@ -11,6 +11,11 @@ their next collective, both supervisors restart their ranks in place (the pods s
 and all four resume from one verified step. A second, identical run that nobody interrupts trains
 beside it on the same nodes: the interrupted run's loss at every step equals its loss at that
 step (bit for bit before the resume).
+
+Ghost memory on member 1's node (the node's simulated GPU keeps memory no process holds): member
+1's own agent says GhostMemory; the operator excludes that node alone, deletes member 1's pod and
+places its replacement on the other node (beside member 0, whose pod stays); member 0's ranks
+restart in place when the collective breaks, and all four ranks resume from one step.
 """
 
 from __future__ import annotations
@@ -33,7 +38,12 @@ from realnodes.conftest import (
     run_pods,
     run_status,
 )
-from trainguard.api.constants import LABEL_MEMBER, Verdict
+from trainguard.api.constants import (
+    LABEL_MEMBER,
+    LABEL_NODE_HEALTH,
+    TAINT_UNHEALTHY,
+    Verdict,
+)
 from trainguard.contract.files import read_json
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.runs import reference_command
@@ -46,6 +56,8 @@ EVERY = 10
 STEPS = 100_000
 # Rank 0 of member 0 appends the mean loss of every step here (its pod's state volume).
 LOSS_LOG = "/trainguard/state/loss.jsonl"
+# Memory no process holds, above the agent's default threshold (2048 MiB) for a live trainer.
+GHOST_MIB = 8192
 RESUMED = re.compile(r"rank (\d) resumed from \S*step-(\d{8})")
 
 
@@ -63,6 +75,12 @@ def member_pods(trainguard: Trainguard, name: str) -> dict[int, dict[str, Any]]:
     return {
         int(p["metadata"]["labels"][LABEL_MEMBER]): p for p in pods if p["spec"].get("nodeName")
     }
+
+
+def all_bound(trainguard: Trainguard, name: str) -> dict[int, dict[str, Any]] | None:
+    """Every member pod by index once all are bound, else None."""
+    found = member_pods(trainguard, name)
+    return found if len(found) == MEMBERS else None
 
 
 def rank_pids(state: Path) -> dict[int, int]:
@@ -120,10 +138,7 @@ def interrupted_gang(trainguard: Trainguard, run_name: str, reference: str) -> N
         return status + "\n" + "\n".join(f"{p}:\n{logs(trainguard, p)[-2500:]}" for p in names)
 
     pods = eventually(
-        lambda: (found := member_pods(trainguard, run_name)) and len(found) == MEMBERS and found,
-        120,
-        "both members bound",
-        detail=detail,
+        lambda: all_bound(trainguard, run_name), 120, "both members bound", detail=detail
     )
     assert sorted(p["metadata"]["name"] for p in pods.values()) == names
     assert len({p["spec"]["nodeName"] for p in pods.values()}) == MEMBERS  # one per real node
@@ -217,3 +232,91 @@ def interrupted_gang(trainguard: Trainguard, run_name: str, reference: str) -> N
         f"{len(after)} losses after it equal the uninterrupted run's, events: "
         + ", ".join(sorted({e.get("reason", "") for e in run_events(cluster, run_name)}))
     )
+
+
+def test_ghost_memory_on_a_members_node_moves_that_member_alone_and_the_gang_resumes(
+    trainguard: Trainguard, shards_claim: str, run_name: str
+) -> None:
+    cluster = trainguard.cluster
+    spec = {
+        "trainer": {
+            "nodes": MEMBERS,
+            "procsPerNode": RANKS,
+            "resources": {"gpus": RANKS},
+            "command": reference_command(STEPS, 0.1),
+        },
+        "monitor": {"startupGraceSeconds": 30},
+    }
+    apply_in_runs(cluster, real_run(trainguard, run_name, shards_claim, EVERY, spec))
+    names = [f"{run_name}-1-{m}" for m in range(MEMBERS)]
+
+    def detail() -> str:
+        status = json.dumps(run_status(cluster, run_name))[:2000]
+        return status + "\n" + "\n".join(f"{p}:\n{logs(trainguard, p)[-2500:]}" for p in names)
+
+    pods = eventually(
+        lambda: all_bound(trainguard, run_name), 120, "both members bound", detail=detail
+    )
+    assert len({p["spec"]["nodeName"] for p in pods.values()}) == MEMBERS
+    states = [pod_state(trainguard, pods[m]) for m in range(MEMBERS)]
+    eventually(
+        lambda: all(min(s or 0 for s in rank_steps(state)) > 2 * EVERY + 2 for state in states),
+        300,
+        "four ranks past two checkpoints",
+        1.0,
+        detail=detail,
+    )
+    eventually(
+        lambda: run_status(cluster, run_name).get("verdict") == Verdict.HEALTHY,
+        60,
+        "Healthy",
+        detail=detail,
+    )
+    sick = cluster.real_nodes.node(pods[1]["spec"]["nodeName"])
+    other = pods[0]["spec"]["nodeName"]
+    before = rank_pids(states[0])
+    try:
+        sick.gpusim_state.write_text(json.dumps({"ghost_mib": GHOST_MIB}))
+
+        def replaced() -> dict[str, Any] | None:
+            again = member_pods(trainguard, run_name).get(1)
+            if again is None or again["metadata"]["uid"] == pods[1]["metadata"]["uid"]:
+                return None
+            return again if again["status"].get("phase") == "Running" else None
+
+        again = eventually(replaced, 180, "member 1 replaced and running", 1.0, detail=detail)
+        assert again["spec"]["nodeName"] == other  # the only node not excluded
+        status = run_status(cluster, run_name)
+        assert status["attempt"] == 1
+        assert [(e["node"], e["reason"]) for e in status["excludedNodes"]] == [
+            (sick.name, Verdict.GHOST_MEMORY.value)
+        ]
+        # Member 0 kept its pod; its ranks restarted in place when member 1's went.
+        kept = member_pods(trainguard, run_name)[0]
+        assert kept["metadata"]["uid"] == pods[0]["metadata"]["uid"]
+        state_1 = pod_state(trainguard, again)
+
+        def resumed() -> dict[str, str] | None:
+            fresh = rank_pids(states[0])
+            if not fresh or set(fresh.values()) & set(before.values()):
+                return None
+            found: dict[str, str] = {}
+            for name in names:
+                found.update(RESUMED.findall(logs(trainguard, name)))
+            steps = [*rank_steps(states[0]), *rank_steps(state_1)]
+            done = len(found) == MEMBERS * RANKS and all(steps)
+            return found if done else None
+
+        steps = eventually(resumed, 180, "all four ranks resumed", 1.0, detail=detail)
+        assert len(set(steps.values())) == 1, steps  # one step for the whole gang
+        assert int(steps["0"]) >= 2 * EVERY
+        reasons = {e.get("reason") for e in run_events(cluster, run_name)}
+        assert Verdict.GHOST_MEMORY.value in reasons, reasons
+        print(
+            f"ghost memory on {sick.name}: member 1 moved to {other}, "
+            f"the gang resumed from step {steps['0']}"
+        )
+    finally:
+        sick.gpusim_state.write_text("{}")
+        cluster.kubectl("taint", "node", sick.name, f"{TAINT_UNHEALTHY}-", check=False)
+        cluster.kubectl("label", "node", sick.name, f"{LABEL_NODE_HEALTH}-", check=False)
