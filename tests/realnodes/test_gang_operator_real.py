@@ -6,16 +6,19 @@ variables); each member's supervisor runs its two ranks of the reference trainer
 joined to member 0's rendezvous through the cluster's DNS, so one DDP world of four ranks (gloo)
 spans the nodes. Each member's agent reads its node's two simulated GPUs, one rank on each.
 
-SIGKILL of rank 1 on member 1 (through `kubectl exec`, as a user could): member 0's ranks fail at
-their next collective, both supervisors restart their ranks in place (the pods stay, attempt 1),
-and all four resume from one verified step. A second, identical run that nobody interrupts trains
-beside it on the same nodes: the interrupted run's loss at every step equals its loss at that
-step (bit for bit before the resume).
+One scenario, two failures (the gang's start-up is shared):
 
-Ghost memory on member 1's node (the node's simulated GPU keeps memory no process holds): member
-1's own agent says GhostMemory; the operator excludes that node alone, deletes member 1's pod and
-places its replacement on the other node (beside member 0, whose pod stays); member 0's ranks
-restart in place when the collective breaks, and all four ranks resume from one step.
+1. SIGKILL of rank 1 on member 1 (through `kubectl exec`, as a user could): member 0's ranks fail
+   at their next collective, both supervisors restart their ranks in place (the pods stay,
+   attempt 1), and all four resume from one verified step, member 1's from rank 0's copy. A
+   second, identical run that nobody interrupts trains beside it on the same nodes: the
+   interrupted run's loss at every step equals its loss at that step (bit for bit before the
+   resume).
+2. Ghost memory on member 1's node (the node's simulated GPU keeps memory no process holds):
+   member 1's own agent says GhostMemory; the operator excludes that node alone, deletes member
+   1's pod and places its replacement on the other node (beside member 0, whose pod stays);
+   member 0's ranks restart in place when the collective breaks, and all four ranks resume from
+   one step.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ EVERY = 10
 STEPS = 100_000
 # Rank 0 of member 0 appends the mean loss of every step here (its pod's state volume).
 LOSS_LOG = "/trainguard/state/loss.jsonl"
+L1 = "/trainguard/l1"
 # Memory no process holds, above the agent's default threshold (2048 MiB) for a live trainer.
 GHOST_MIB = 8192
 RESUMED = re.compile(r"rank (\d) resumed from \S*step-(\d{8})")
@@ -100,7 +104,7 @@ def logs(trainguard: Trainguard, pod: str) -> str:
     return str(out.stdout)
 
 
-def test_an_operator_made_gang_on_two_real_nodes_restarts_in_place_from_one_step(
+def test_an_operator_made_gang_restarts_in_place_then_moves_a_member_off_ghost_memory(
     trainguard: Trainguard, shards_claim: str, run_name: str
 ) -> None:
     cluster = trainguard.cluster
@@ -122,14 +126,20 @@ def test_an_operator_made_gang_on_two_real_nodes_restarts_in_place_from_one_step
         real_run(trainguard, reference, shards_claim, EVERY, spec),
     )
     try:
-        interrupted_gang(trainguard, run_name, reference)
+        pods, states = interrupted_gang(trainguard, run_name, reference)
     finally:
         cluster.kubectl(
             "delete", "trainingrun", reference, "-n", RUNS_NAMESPACE, "--wait=false", check=False
         )
+    # The reference's members leave the nodes before one of them turns sick.
+    eventually(lambda: not run_pods(cluster, reference), 120, "the reference's pods gone")
+    ghost_moves_member_1(trainguard, run_name, pods, states)
 
 
-def interrupted_gang(trainguard: Trainguard, run_name: str, reference: str) -> None:
+def interrupted_gang(
+    trainguard: Trainguard, run_name: str, reference: str
+) -> tuple[dict[int, dict[str, Any]], list[Path]]:
+    """The kill of a rank on member 1, the in-place restart, the losses; the pods, their states."""
     cluster = trainguard.cluster
     names = [f"{run_name}-1-{m}" for m in range(MEMBERS)]
 
@@ -187,6 +197,9 @@ def interrupted_gang(trainguard: Trainguard, run_name: str, reference: str) -> N
         assert len((read_json(state / "supervisor.json") or {})["history"]) == 2
     failure = (read_json(states[1] / "supervisor.json") or {})["rank_failure"]
     assert (failure["rank"], failure["pid"], failure["signal"]) == (1, first[1], "SIGKILL")
+    # Rank 0 alone saves, in member 0's L1: member 1's ranks resume from rank 0's copy.
+    kept = exec_python(cluster, names[1], "trainer", f"import os; print(os.listdir({L1!r}))")
+    assert "step-" not in kept, kept
 
     def resumed() -> dict[str, str] | None:
         found: dict[str, str] = {}
@@ -232,49 +245,27 @@ def interrupted_gang(trainguard: Trainguard, run_name: str, reference: str) -> N
         f"{len(after)} losses after it equal the uninterrupted run's, events: "
         + ", ".join(sorted({e.get("reason", "") for e in run_events(cluster, run_name)}))
     )
+    return pods, states
 
 
-def test_ghost_memory_on_a_members_node_moves_that_member_alone_and_the_gang_resumes(
-    trainguard: Trainguard, shards_claim: str, run_name: str
+def ghost_moves_member_1(
+    trainguard: Trainguard,
+    run_name: str,
+    pods: dict[int, dict[str, Any]],
+    states: list[Path],
 ) -> None:
+    """Ghost memory on member 1's node: member 1 alone moved, the gang resumed from one step."""
     cluster = trainguard.cluster
-    spec = {
-        "trainer": {
-            "nodes": MEMBERS,
-            "procsPerNode": RANKS,
-            "resources": {"gpus": RANKS},
-            "command": reference_command(STEPS, 0.1),
-        },
-        "monitor": {"startupGraceSeconds": 30},
-    }
-    apply_in_runs(cluster, real_run(trainguard, run_name, shards_claim, EVERY, spec))
     names = [f"{run_name}-1-{m}" for m in range(MEMBERS)]
 
     def detail() -> str:
         status = json.dumps(run_status(cluster, run_name))[:2000]
         return status + "\n" + "\n".join(f"{p}:\n{logs(trainguard, p)[-2500:]}" for p in names)
 
-    pods = eventually(
-        lambda: all_bound(trainguard, run_name), 120, "both members bound", detail=detail
-    )
-    assert len({p["spec"]["nodeName"] for p in pods.values()}) == MEMBERS
-    states = [pod_state(trainguard, pods[m]) for m in range(MEMBERS)]
-    eventually(
-        lambda: all(min(s or 0 for s in rank_steps(state)) > 2 * EVERY + 2 for state in states),
-        300,
-        "four ranks past two checkpoints",
-        1.0,
-        detail=detail,
-    )
-    eventually(
-        lambda: run_status(cluster, run_name).get("verdict") == Verdict.HEALTHY,
-        60,
-        "Healthy",
-        detail=detail,
-    )
     sick = cluster.real_nodes.node(pods[1]["spec"]["nodeName"])
     other = pods[0]["spec"]["nodeName"]
     before = rank_pids(states[0])
+    told = len(logs(trainguard, names[0]))  # member 0's log so far: its earlier resumes
     try:
         sick.gpusim_state.write_text(json.dumps({"ghost_mib": GHOST_MIB}))
 
@@ -300,9 +291,8 @@ def test_ghost_memory_on_a_members_node_moves_that_member_alone_and_the_gang_res
             fresh = rank_pids(states[0])
             if not fresh or set(fresh.values()) & set(before.values()):
                 return None
-            found: dict[str, str] = {}
-            for name in names:
-                found.update(RESUMED.findall(logs(trainguard, name)))
+            found = dict(RESUMED.findall(logs(trainguard, names[0])[told:]))
+            found.update(RESUMED.findall(logs(trainguard, names[1])))
             steps = [*rank_steps(states[0]), *rank_steps(state_1)]
             done = len(found) == MEMBERS * RANKS and all(steps)
             return found if done else None
