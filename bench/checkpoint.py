@@ -11,8 +11,10 @@ Measures, side by side in one run, on the same CPU state (about --size-gb) and t
   committed (files hashed as written, fsynced, manifest last);
 - a warm copy of the state into preallocated buffers (the physical limit of any snapshot) and,
   for scale, a clone into fresh memory;
-- the trainguard harness: the loop's stall per save (`CheckpointWriter.save`), cold (first save,
-  buffer allocation included) and warm (median of later saves), the background persist
+- the trainguard harness: the loop's stall per save (`CheckpointWriter.save`), cold (the first
+  save, its host buffer allocated beforehand in the background as `TrainingSession` does once
+  the state has its shapes; and, for scale, a first save that allocates it itself) and warm
+  (median of later saves), the background persist
   throughput (write + hash + fsync + manifest + rename) and read-back verification;
 - xxh3-128 (the default), blake3 and sha256 hash throughput on host memory;
 - training throughput with a checkpoint every K steps against none, in segments run in ABBA
@@ -186,7 +188,8 @@ class SideBySide:
     memcpy_warm: list[float] = field(default_factory=list)
     stalls: list[float] = field(default_factory=list)
     persists: list[PersistStats] = field(default_factory=list)
-    stall_cold: float = 0.0
+    stall_cold: float = 0.0  # the first save of a prepared writer, as the harness makes it
+    stall_unprepared: float = 0.0  # a first save that allocates the host buffer itself
     clone_fresh: float = 0.0
 
 
@@ -194,8 +197,19 @@ def bench_side_by_side(state: dict[str, Any], directory: Path, repeats: int) -> 
     """Each repetition runs every method once, so a change in machine load hits them all."""
     result = SideBySide()
     result.clone_fresh = timed(lambda: [t.clone() for t in tensors_of(state)])
+    # For scale: a first save whose writer was never prepared allocates the host buffer itself.
+    unprepared = CheckpointWriter(directory / "l1-first", keep_last=1, on_event=lambda e: None)
+    result.stall_unprepared = unprepared.save(0, state).stall_seconds
+    unprepared.close()
+    shutil.rmtree(directory / "l1-first", ignore_errors=True)
+    gc.collect()
+    # The harness's first save: TrainingSession prepares its writer once the state has its
+    # shapes (after the first step), which allocates the buffer in the background long before
+    # the first checkpoint is due.
     writer = CheckpointWriter(directory / "l1", keep_last=1, on_event=lambda event: None)
-    result.stall_cold = writer.save(0, state).stall_seconds  # allocates the host buffer
+    writer.prepare(state)
+    writer.wait()
+    result.stall_cold = writer.save(0, state).stall_seconds
     writer.wait()
     warm = WarmCopy(state)
     for index in range(repeats):
@@ -372,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         "throughput_ratio_with_checkpoints": sum(baseline) / sum(checkpointed),
         "stall_s": stall,
         "stall_cold_s": measured.stall_cold,
+        "stall_cold_ratio_vs_warm": measured.stall_cold / statistics.median(measured.stalls),
+        "stall_unprepared_s": measured.stall_unprepared,
         "torch_save_fsync_s": median(measured.torch_save),
         "dcp_async_save_blocking_s": dcp_blocking,
         "dcp_async_save_total_s": dcp_total,
