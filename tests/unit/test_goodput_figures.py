@@ -71,6 +71,22 @@ def test_steps_a_frozen_trainer_makes_before_its_restart_are_not_a_resumption() 
     assert figures["steps_recomputed"] == 14
 
 
+def test_a_resume_at_the_step_reached_is_not_confused_with_the_next_failures_restart() -> None:
+    # A death at step 30 (2.95 s); 2 s later the trainer resumes from a snapshot of step 30
+    # itself (no step is redone). A hang at step 60 (later) restarts from step 50: that
+    # restart is the hang's, not the death's.
+    died_at = 2.95
+    records = steady(1, 30, 0.0) + steady(31, 60, died_at + 2.0) + steady(51, 90, 20.0)
+    hung_at = records[59].seen + 0.05
+    failures = [Failure("death", died_at, 30), Failure("hang", hung_at, 60)]
+    figures = side_figures(records, failures, 90, STEP_S)
+
+    assert figures["time_lost_median_by_kind_s"] == {
+        "death": pytest.approx(2.0 - STEP_S),
+        "hang": pytest.approx(20.0 + (61 - 51) * STEP_S - hung_at - STEP_S),
+    }
+
+
 def test_a_run_that_never_finishes_has_no_figures() -> None:
     with pytest.raises(ValueError, match="never reached step 100"):
         side_figures(steady(1, 60, 0.0), [], 100, STEP_S)

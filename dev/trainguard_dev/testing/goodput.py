@@ -41,17 +41,21 @@ class Failure:
     reached: int
 
 
-def resumed_at(steps: Sequence[StepRecord], failure: Failure) -> float | None:
+def resumed_at(
+    steps: Sequence[StepRecord], failure: Failure, until: float | None = None
+) -> float | None:
     """When training went past the furthest step reached before the failure's restart.
 
     A restart shows as a step not above the highest seen so far (a new trainer starting over
     from a checkpoint). A frozen trainer may still make a few steps after the failure (it is
     continued to dump its stacks before it is killed): when a restart follows, those steps are
     not a resumption; training has resumed once the new trainer is past all of them. Without
-    a restart (the trainer went on, or resumed exactly where it stopped), the first step past
-    the one the failure interrupted. None if training never resumed.
+    a restart (the trainer went on, or resumed exactly where it stopped, as from a snapshot
+    of its last step), the first step past the one the failure interrupted. Only steps seen
+    before `until` (the next failure) count: that failure's restart is not this one's. None if
+    training never resumed.
     """
-    after = [r for r in steps if r.seen >= failure.at]
+    after = [r for r in steps if r.seen >= failure.at and (until is None or r.seen < until)]
     high = max((r.step for r in steps if r.seen < failure.at), default=0)
     for index, record in enumerate(after):
         if record.step <= high:
@@ -60,9 +64,14 @@ def resumed_at(steps: Sequence[StepRecord], failure: Failure) -> float | None:
     return next((r.seen for r in after if r.step > failure.reached), None)
 
 
-def time_lost(steps: Sequence[StepRecord], failure: Failure, step_seconds: float) -> float | None:
+def time_lost(
+    steps: Sequence[StepRecord],
+    failure: Failure,
+    step_seconds: float,
+    until: float | None = None,
+) -> float | None:
     """Seconds the failure cost: to the next new step, less the step that was due anyway."""
-    resumed = resumed_at(steps, failure)
+    resumed = resumed_at(steps, failure, until)
     return None if resumed is None else max(0.0, resumed - failure.at - step_seconds)
 
 
@@ -83,7 +92,9 @@ def side_figures(
     start = steps[0].seen - step_seconds
     wall = finished - start
     useful = final_step * step_seconds
-    lost = [time_lost(steps, f, step_seconds) for f in failures]
+    ends: list[float | None] = [f.at for f in failures[1:]]
+    ends += [None] * (len(failures) - len(ends))  # the last one's window runs to the end
+    lost = [time_lost(steps, f, step_seconds, end) for f, end in zip(failures, ends, strict=True)]
     by_kind: dict[str, list[float]] = {}
     for failure, seconds in zip(failures, lost, strict=True):
         if seconds is not None:
