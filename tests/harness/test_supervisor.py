@@ -195,3 +195,28 @@ def test_the_library_surface_is_importable_from_the_package() -> None:
     assert trainguard_harness.TrainingSession is TrainingSession
     with pytest.raises(AttributeError):
         _ = trainguard_harness.NoSuchThing  # type: ignore[attr-defined]
+
+
+def test_private_l0s_of_supervisors_that_are_gone_are_removed(tmp_path: Path) -> None:
+    from trainguard_harness.supervisor import L0_PREFIX, remove_orphaned_l0
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dirs = {
+            "gone": tmp_path / f"{L0_PREFIX}{ended.pid}-a1",
+            "alive": tmp_path / f"{L0_PREFIX}{alive.pid}-b2",
+            "own": tmp_path / f"{L0_PREFIX}{os.getpid()}-c3",
+            "unnamed": tmp_path / f"{L0_PREFIX}x7y8z9",  # made before names carried a pid
+        }
+        for path in dirs.values():
+            path.mkdir()
+            (path / "step-00000001").mkdir()
+        assert remove_orphaned_l0(tmp_path) == [dirs["gone"]]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            dirs[k].name for k in ("alive", "own", "unnamed")
+        )
+    finally:
+        alive.kill()
+        alive.wait()

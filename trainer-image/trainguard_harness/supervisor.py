@@ -132,6 +132,7 @@ RANKS_GONE_WAIT_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36
 # Where a supervisor without a pod's L0 makes one for its children (memory, like the pod's).
 L0_SHM_DIR = Path("/dev/shm")
+L0_PREFIX = "trainguard-l0-"  # then the supervisor's process id: `remove_orphaned_l0`
 
 
 @dataclass
@@ -571,12 +572,39 @@ def own_l0(environ: MutableMapping[str, str]) -> Path | None:
     """
     if environ.get(env.L0_DIR) or not L0_SHM_DIR.is_dir():
         return None
+    remove_orphaned_l0(L0_SHM_DIR)
     try:
-        made = Path(tempfile.mkdtemp(prefix="trainguard-l0-", dir=L0_SHM_DIR))
+        made = Path(tempfile.mkdtemp(prefix=f"{L0_PREFIX}{os.getpid()}-", dir=L0_SHM_DIR))
     except OSError:
         return None
     environ[env.L0_DIR] = str(made)
     return made
+
+
+def remove_orphaned_l0(root: Path) -> list[Path]:
+    """Remove the private L0s under `root` whose supervisor is gone; return them.
+
+    A supervisor killed with SIGKILL cannot remove its L0, and memory under `/dev/shm` outlives
+    it until the machine restarts: the next supervisor removes those whose owner's process no
+    longer exists (named `trainguard-l0-<pid>-...`). One whose process id lives on, as another
+    process's after a reuse, is left: a directory kept is cheaper than one removed under a
+    live trainer.
+    """
+    removed = []
+    for path in root.glob(f"{L0_PREFIX}*-*"):
+        owner = path.name.removeprefix(L0_PREFIX).split("-", 1)[0]
+        if not owner.isdigit() or int(owner) == os.getpid():
+            continue
+        try:
+            os.kill(int(owner), 0)
+            continue  # alive, or another user's: not ours to judge
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def recovery_defaults(environ: dict[str, str]) -> tuple[int, float, float, float]:
