@@ -162,8 +162,9 @@ def test_a_member_lease_counts_only_when_its_own_pod_renewed_it() -> None:
     assert signals.renewed_by(own, "llm", 4)  # a one-pod run's Lease, as before
 
 
-def test_a_member_pod_is_read_with_its_index_and_unschedulable_time() -> None:
+def test_a_member_pod_is_read_with_its_index_creation_and_unschedulable_time() -> None:
     manifest = gang_pods(gang_run(), PodInputs(1, agent_image="agent:1"))[2]
+    manifest["metadata"]["creationTimestamp"] = "2026-01-01T11:59:00Z"
     manifest["status"] = {
         "phase": "Pending",
         "conditions": [
@@ -181,6 +182,7 @@ def test_a_member_pod_is_read_with_its_index_and_unschedulable_time() -> None:
     assert (view.attempt, view.member) == (1, 2)
     assert view.unschedulable == "0/2 nodes are available"
     assert view.unschedulable_since == NOW
+    assert view.created == NOW - timedelta(seconds=60)
 
 
 # -- lifecycle ---------------------------------------------------------------------------------
