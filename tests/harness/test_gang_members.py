@@ -141,7 +141,9 @@ def test_a_gang_of_two_members_resumes_together_from_one_step_after_a_rank_dies(
                 return None
             steps = [b[hb.STEP] or 0 for b in beats if b]
             saved = beats[0][hb.LAST_CHECKPOINT_STEP] if beats[0] else None
-            past = saved is not None and saved >= 2 * EVERY and min(steps) > saved + 2
+            # Past it by a step: heartbeats are written at most once a second (a narrower
+            # window can be missed until the run ends).
+            past = saved is not None and saved >= 2 * EVERY and min(steps) > saved
             return ranks[1] if past else None
 
         first = eventually(past_a_checkpoint, START_S, "every rank past a checkpoint", 0.05)
