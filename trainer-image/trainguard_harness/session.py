@@ -435,11 +435,19 @@ class TrainingSession:
         """
         if not self.ranks.saves:
             return None
-        self.heartbeat.update(phase=hb.PHASE_SAVING)
-        try:
+
+        def save() -> SaveStats | None:
             # A failure of the previous persist is reported on its own; this save still runs.
             self._guard(self.writer.wait)
-            stats = self._guard(lambda: self.writer.save(step, self.state()))
+            return self._guard(lambda: self.writer.save(step, self.state()))
+
+        return self._saving(step, save)
+
+    def _saving(self, step: int, save: Callable[[], SaveStats | None]) -> SaveStats | None:
+        """Run `save` in the heartbeat's saving phase and record what it saved."""
+        self.heartbeat.update(phase=hb.PHASE_SAVING)
+        try:
+            stats = save()
         finally:
             self.heartbeat.update(phase=hb.PHASE_TRAINING)
         self._last_save_time = time.monotonic()

@@ -177,17 +177,7 @@ class ShardedSession(TrainingSession):
 
         The loop waits for the whole save: the stall is the save's time.
         """
-        self.heartbeat.update(phase=hb.PHASE_SAVING)
-        try:
-            stats = self._guard(lambda: self._save_shard(step))
-        finally:
-            self.heartbeat.update(phase=hb.PHASE_TRAINING)
-        self._last_save_time = time.monotonic()
-        if stats is not None:
-            self.last_saved_step = step
-            self.last_save_stats = stats
-            self.heartbeat.update(checkpoint_stall_s=round(stats.stall_seconds, 6))
-        return stats
+        return self._saving(step, lambda: self._guard(lambda: self._save_shard(step)))
 
     def _save_shard(self, step: int) -> SaveStats:
         started = time.perf_counter()
