@@ -166,13 +166,10 @@ def test_a_gang_larger_than_its_nodes_holds_none_until_nodes_appear(
     ]
 
 
-def test_a_member_whose_node_is_lost_is_replaced_alone_on_another_node(
-    cluster: Cluster,
-    namespace: str,
-    node_pool: str,
-    extra_node: str,
-    operator: OperatorProcess,
-) -> None:
+def pair_running_with_a_spare_node(
+    cluster: Cluster, namespace: str, node_pool: str, extra_node: str
+) -> dict[str, Any]:
+    """Gang "pair" of 2 running on a pool with a third node to spare; its pods by name."""
     node = gpu_node(extra_node)
     node["metadata"]["labels"][POOL_LABEL] = node_pool
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(node))
@@ -182,7 +179,28 @@ def test_a_member_whose_node_is_lost_is_replaced_alone_on_another_node(
         60,
         "both members running",
     )
-    first = {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
+    return {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
+
+
+def member_1_replaced(
+    cluster: Cluster, namespace: str, first: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The pair's pods by name once member 1 is a new pod and Running, else None."""
+    pods = {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
+    again = pods.get("pair-1-1")
+    if again is None or again["metadata"]["uid"] == first["pair-1-1"]["metadata"]["uid"]:
+        return None
+    return pods if again.get("status", {}).get("phase") == "Running" else None
+
+
+def test_a_member_whose_node_is_lost_is_replaced_alone_on_another_node(
+    cluster: Cluster,
+    namespace: str,
+    node_pool: str,
+    extra_node: str,
+    operator: OperatorProcess,
+) -> None:
+    first = pair_running_with_a_spare_node(cluster, namespace, node_pool, extra_node)
     lost_node = first["pair-1-1"]["spec"]["nodeName"]
     # Member 1's agent renewed its Lease a minute ago, then its node vanished: no kubelet,
     # no agent (kwok runs none, so the renewal is written here as the agent writes it).
@@ -193,14 +211,9 @@ def test_a_member_whose_node_is_lost_is_replaced_alone_on_another_node(
     )  # fmt: skip
     cluster.kubectl("delete", "node", lost_node)
 
-    def replaced() -> dict[str, Any] | None:
-        pods = {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
-        again = pods.get("pair-1-1")
-        if again is None or again["metadata"]["uid"] == first["pair-1-1"]["metadata"]["uid"]:
-            return None
-        return pods if again.get("status", {}).get("phase") == "Running" else None
-
-    pods = eventually(replaced, 60, "member 1 replaced and running")
+    pods = eventually(
+        lambda: member_1_replaced(cluster, namespace, first), 60, "member 1 replaced and running"
+    )
     assert sorted(pods) == ["pair-1-0", "pair-1-1"]
     assert pods["pair-1-1"]["spec"]["nodeName"] not in (lost_node, None)
     # Member 0 kept its pod; the gang stayed in its attempt.
@@ -228,16 +241,7 @@ def test_a_member_whose_agent_finds_ghost_memory_is_moved_alone_off_its_node(
     extra_node: str,
     operator: OperatorProcess,
 ) -> None:
-    node = gpu_node(extra_node)
-    node["metadata"]["labels"][POOL_LABEL] = node_pool
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(node))
-    apply(cluster, namespace, gang(node_pool, "pair", 2))
-    eventually(
-        lambda: run_of(cluster, namespace, "pair").get("status", {}).get("membersReady") == "2/2",
-        60,
-        "both members running",
-    )
-    first = {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
+    first = pair_running_with_a_spare_node(cluster, namespace, node_pool, extra_node)
     sick_node = first["pair-1-1"]["spec"]["nodeName"]
     # Member 1's agent reads memory no live process holds on its node's GPUs and says so in its
     # Lease (kwok runs no agent, so the renewal is written here as the agent writes it).
@@ -250,14 +254,9 @@ def test_a_member_whose_agent_finds_ghost_memory_is_moved_alone_off_its_node(
         }),
     )  # fmt: skip
 
-    def replaced() -> dict[str, Any] | None:
-        pods = {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
-        again = pods.get("pair-1-1")
-        if again is None or again["metadata"]["uid"] == first["pair-1-1"]["metadata"]["uid"]:
-            return None
-        return pods if again.get("status", {}).get("phase") == "Running" else None
-
-    pods = eventually(replaced, 90, "member 1 replaced and running")
+    pods = eventually(
+        lambda: member_1_replaced(cluster, namespace, first), 90, "member 1 replaced and running"
+    )
     assert pods["pair-1-1"]["spec"]["nodeName"] not in (sick_node, None)
     # Member 0 kept its pod; the gang stayed in its attempt; the stale Lease (the replaced pod's
     # word) does not move the replacement.
