@@ -132,6 +132,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--hang-after", type=int, default=30, help="trainguard's monitor.hangAfterSeconds"
     )
+    parser.add_argument(
+        "--hang-after-step-times",
+        type=float,
+        default=10.0,
+        help="trainguard's monitor.hangAfterStepTimes (0: unset, hangAfterSeconds alone)",
+    )
     parser.add_argument("--only", choices=("trainguard", "baseline"), help="run one side")
     parser.add_argument("--cluster", help="use this running dev cluster instead of a new one")
     parser.add_argument("--timeout", type=float, default=7200.0, help="give up after (seconds)")
@@ -328,16 +334,24 @@ def trainguard_spec(args: argparse.Namespace) -> dict[str, Any]:
     Checkpoints every `--every-steps` to L1, each verified one shipped to the remote layer
     `backup` (a volume every node reaches) so a moved run restores there. Monitoring at the
     default 1 s; Hung after `--hang-after` s without a step (the default, 300 s, is for big
-    models) and Slow after half that (it must come first); 5 s of start-up grace (the
+    models), or sooner after `--hang-after-step-times` x the trainer's slowest recent step
+    (at least 5 s), and Slow after half of `--hang-after` (it must come first); 5 s of
+    start-up grace (the
     default, 900 s, covers compilation, which the tiny model has none of). Recovery: every
     failure of the schedule restarts (in place up to the default 3 times, then elsewhere); a
     constant 1 s back-off (the default doubles from 5 s and starts over only after 10 minutes
     of training, longer than the failures are apart here). The repeated-failure rule is off
-    (`sameStepWindow: 0`): a hang is reported twice, once frozen and once as its killed
-    trainer, a few steps apart, and the rule takes the second report for a pattern and fails
-    the run.
+    (`sameStepWindow: 0`): the schedule's failures are independent by construction, and a
+    failure due while a side has not yet passed the previous one's step comes at that step.
     """
     restarts = args.failures + 5
+    monitor: dict[str, Any] = {
+        "hangAfterSeconds": args.hang_after,
+        "slowAfterSeconds": max(1, args.hang_after // 2),
+        "startupGraceSeconds": 5,
+    }
+    if args.hang_after_step_times:
+        monitor["hangAfterStepTimes"] = args.hang_after_step_times
     return {
         "checkpoints": {
             "everySteps": args.every_steps,
@@ -351,11 +365,7 @@ def trainguard_spec(args: argparse.Namespace) -> dict[str, Any]:
                 }
             ],
         },
-        "monitor": {
-            "hangAfterSeconds": args.hang_after,
-            "slowAfterSeconds": max(1, args.hang_after // 2),
-            "startupGraceSeconds": 5,
-        },
+        "monitor": monitor,
         "recovery": {
             "maxRestarts": restarts,
             "sameStepWindow": 0,

@@ -122,3 +122,69 @@ def test_one_hang_is_one_failure_and_one_restart_a_second_hang_is_repeated(
     last = stopped["status"]["lastFailure"]
     assert last["cause"] == "Hung" and last["step"] > hung_step, stopped["status"]
     assert stopped["status"]["restarts"] == 1, stopped["status"]
+
+
+ADAPTIVE_RUN = "hang-adaptive"
+# The bound a step-time multiple gives a trainer of short steps: the floor, 5 s.
+ADAPTIVE_FLOOR_S = 5
+# Healthy training must outlast this without a hang recorded (saves, L0 snapshots included).
+HEALTHY_S = 20.0
+
+
+@pytest.mark.parametrize("operator", ["admin"], indirect=True)
+def test_a_hang_is_found_after_a_multiple_of_the_slowest_step_not_hang_after_seconds(
+    cluster: Cluster,
+    namespace: str,
+    operator: OperatorProcess,
+    tmp_path: Path,
+    process_nodes: list[str],
+) -> None:
+    """`hangAfterStepTimes`: a hung trainer of short steps is Hung within seconds.
+
+    A healthy one never is; `hangAfterSeconds` (5 minutes) alone would wait for minutes.
+    """
+    shards = make_shards(tmp_path / "shards")
+    run = reference_run(
+        ADAPTIVE_RUN,
+        shards,
+        EVERY_STEPS,
+        {
+            "monitor": {"hangAfterSeconds": 300, "hangAfterStepTimes": 10},
+            "recovery": {"backoff": {"initialSeconds": 1, "maxSeconds": 1}},
+        },
+        steps=100_000,
+    )
+    apply(cluster, namespace, run)
+    pod = eventually(lambda: bound_pod(cluster, namespace, ADAPTIVE_RUN), what="pod bound")
+    state = state_dir(cluster.root, pod)
+    eventually(lambda: checkpointed(state, EVERY_STEPS), timeout=120, what="first checkpoint")
+
+    # Healthy: stepping, checkpointing, never Hung by the short bound.
+    time.sleep(HEALTHY_S)
+    status = status_of(cluster, namespace, ADAPTIVE_RUN)
+    assert status.get("restarts", 0) == 0 and "lastFailure" not in status, status
+    beat = heartbeat(state)
+    assert beat is not None and beat.get("slowest_step_s") is not None, beat
+    assert 10 * beat["slowest_step_s"] < 300, beat
+
+    hung_pid = int(beat["pid"])
+    os.kill(hung_pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+
+    def restarted() -> dict[str, Any] | None:
+        status = status_of(cluster, namespace, ADAPTIVE_RUN)
+        return status if status.get("restarts", 0) >= 1 else None
+
+    # Well inside hangAfterSeconds: the floor, a look, the Lease and the operator's write.
+    first = eventually(restarted, timeout=60, what="the hang recorded by the adaptive bound")
+    found_s = time.monotonic() - frozen_at
+    failure = first["lastFailure"]
+    assert failure["cause"] == "Hung", first
+    assert "x the slowest recent step" in failure["message"], failure
+    assert ADAPTIVE_FLOOR_S <= found_s < 60, found_s
+
+    def training_again() -> dict[str, Any] | None:
+        now = heartbeat(state)
+        return now if now and now["pid"] != hung_pid and now.get("step") else None
+
+    eventually(training_again, timeout=60, what="the restarted trainer training")

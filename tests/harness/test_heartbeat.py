@@ -49,7 +49,7 @@ def test_fields_and_first_write(tmp_path: Path) -> None:
     assert set(record) == {
         hb.PID, hb.STEP, hb.TIME, hb.PHASE, hb.TOKENS_PER_S, hb.LOSS, hb.MEMORY_ALLOCATED,
         hb.MEMORY_RESERVED, hb.MEMORY_BY_DEVICE, hb.LAST_CHECKPOINT_STEP, hb.CHECKPOINT_ERROR,
-        hb.CHECKPOINT_STALL_S, hb.INVALID_CHECKPOINTS, hb.RANK, hb.LOCAL_RANK,
+        hb.CHECKPOINT_STALL_S, hb.SLOWEST_STEP_S, hb.INVALID_CHECKPOINTS, hb.RANK, hb.LOCAL_RANK,
     }  # fmt: skip
     assert record[hb.RANK] is None and record[hb.LOCAL_RANK] is None  # one process: no ranks
     assert record[hb.PID] == os.getpid() and record[hb.STEP] == 7

@@ -254,11 +254,15 @@ def test_a_sharded_checkpoint_with_one_corrupt_rank_shard_is_skipped_as_a_whole(
     # Skipped as a whole: rank 0's intact shard of it was not read either; both ranks resumed
     # from the previous global checkpoint and trained the last steps again, exactly as before.
     output = (root / "output.log").read_text()
-    assert resumed_steps(output) == [("0", STEPS - EVERY, L1_LAYER), ("1", STEPS - EVERY, L1_LAYER)]
+    pod = PodEnv.from_env({env.STATE_DIR: str(root / "state"), env.PROCS_PER_NODE: "2"})
+    launches = json.loads(pod.supervisor_file.read_text())["history"]
+    assert resumed_steps(output) == [
+        ("0", STEPS - EVERY, L1_LAYER),
+        ("1", STEPS - EVERY, L1_LAYER),
+    ], (launches, output[-6000:])
     assert losses(resumed_log) == [(s, reference[s]) for s in range(STEPS - EVERY + 1, STEPS + 1)]
     # Reported like any invalid checkpoint, naming the file and its rank.
     problem = f"{victim.path}: xxh3-128 hash mismatch (rank 1 of 2)"
-    pod = PodEnv.from_env({env.STATE_DIR: str(root / "state"), env.PROCS_PER_NODE: "2"})
     report = read_restore_report(pod.report_file(RESTORE_FILENAME))
     assert report is not None and report.step == STEPS - EVERY
     assert [line for line in report.skipped if problem in line], report.skipped

@@ -18,6 +18,7 @@ import torch
 from harness_helpers import fill_until_free
 
 from trainguard.agent.signals import read_heartbeat
+from trainguard.api.spec import STEP_TIME_WINDOW
 from trainguard.ckpt import Contents, copy_checkpoint, scan
 from trainguard.contract.files import (
     RESTORE_FILENAME,
@@ -149,6 +150,31 @@ def test_heartbeat_reports_steps_loss_phase_and_checkpoints(tmp_path: Path) -> N
     # No GPU here: framework memory is unknown, not zero.
     assert record[hb.MEMORY_ALLOCATED] is None and record[hb.MEMORY_RESERVED] is None
     assert record[hb.MEMORY_BY_DEVICE] is None
+
+
+def test_heartbeat_reports_the_slowest_recent_step_once_five_are_known(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(session_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    session, _, _ = make_session(tmp_path, every_steps=0)
+    session.resume()
+    seen = []
+    # Steps 0.1 s apart, one of 0.7 s (step 4), then STEP_TIME_WINDOW more of 0.2 s.
+    gaps = [0.1, 0.1, 0.1, 0.7, 0.1, 0.1] + [0.2] * STEP_TIME_WINDOW
+    for step, gap in enumerate(gaps, start=1):
+        clock[0] += gap
+        session.report_step(step)
+        seen.append(session.heartbeat.snapshot()[hb.SLOWEST_STEP_S])
+    # The first step has no time before it; five step times are needed for a figure.
+    assert seen[:5] == [None] * 5
+    assert seen[5] == pytest.approx(0.7)
+    # The 0.7 s step leaves the window of the last STEP_TIME_WINDOW step times.
+    assert seen[-1] == pytest.approx(0.2)
+    session.close()
+    # The agent reads it from the file.
+    beat = read_heartbeat(tmp_path / "state" / "heartbeat.json")
+    assert beat is not None and beat.slowest_step_s == pytest.approx(0.2)
 
 
 @pytest.mark.parametrize("policy", [OnSaveError.CONTINUE, OnSaveError.STOP])

@@ -195,6 +195,21 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _seen(pid: int, marker: str) -> tuple[int, str | None, bytes | None, bool | None]:
+    """What the collector reads of a rank: its PID, state, command line, marker found."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        environ: bool | None = marker.encode() in (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        environ = None
+    try:
+        cmdline: bytes | None = (proc / "cmdline").read_bytes()
+    except OSError:
+        cmdline = None
+    state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] if proc.exists() else None
+    return pid, state, cmdline, environ
+
+
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
@@ -226,7 +241,7 @@ def test_two_ranks_on_two_simulated_gpus_read_healthy_then_a_killed_rank_reads_d
     # Each GPU: one process and its own rank's framework memory.
     assert [g.processes for g in first.gpus] == [1, 1]
     assert [g.framework_reserved_mib for g in first.gpus] == [1900.0, 1900.0]
-    assert first.process_count == 2
+    assert first.process_count == 2, [_seen(pid, ranks_pod.marker) for pid in ranks_pod.ranks]
     verdict = classify(first, T)
     assert verdict.name == HEALTHY, verdict.reason
 

@@ -33,10 +33,12 @@ from trainguard.agent.verdicts import (
     IO_STUCK,
     SLOW,
     UNKNOWN,
+    RankSignals,
     Signals,
     Thresholds,
     classify,
 )
+from trainguard.api.spec import Monitor
 from trainguard.gpu import SimulatedProbe, publish, simulated_uuids
 from trainguard_dev.testing.polling import eventually
 
@@ -588,3 +590,67 @@ def test_memory_a_death_leaves_is_judged_per_gpu(pod: Pod) -> None:
     assert verdict.evidence[EVIDENCE_CAUSE] == "GPUMemoryNotReleased"
     assert verdict.evidence["gpu"] == "2"
     assert verdict.reason.startswith("1500 MiB still held on GPU 2 6s after the trainer died")
+
+
+ADAPTIVE = replace(T, hang_after_s=300, hang_after_step_times=10, interval_s=1)
+TRAINING = replace(ALIVE, phase="training", slowest_step_s=0.8)
+
+
+@pytest.mark.parametrize(
+    ("signals", "frozen_s", "expected"),
+    [
+        (TRAINING, 7.9, HEALTHY),  # under 10 x 0.8 s
+        (TRAINING, 8.0, HUNG),
+        (replace(TRAINING, slowest_step_s=0.1), 4.9, HEALTHY),  # 10 x 0.1 s, but at least 5 s
+        (replace(TRAINING, slowest_step_s=0.1), 5.0, HUNG),
+        (replace(TRAINING, slowest_step_s=None), 200.0, HEALTHY),  # no step time yet
+        (replace(TRAINING, phase="saving"), 200.0, HEALTHY),  # a save: hangAfterSeconds
+        (replace(TRAINING, slowest_step_s=60.0), 299.0, HEALTHY),  # never past hangAfterSeconds
+        (replace(TRAINING, slowest_step_s=60.0), 300.0, HUNG),
+    ],
+    ids=["under", "at", "floor-under", "floor-at", "unknown", "saving", "capped", "capped-at"],
+)
+def test_hang_after_step_times_bounds_a_frozen_step_by_the_slowest_recent_one(
+    signals: Signals, frozen_s: float, expected: str
+) -> None:
+    verdict = classify(replace(signals, seconds_since_step_advanced=frozen_s), ADAPTIVE)
+    assert verdict.name == expected, verdict.reason
+    # Without the factor, hangAfterSeconds alone.
+    plain = classify(replace(signals, seconds_since_step_advanced=frozen_s), T)
+    assert plain.name == (HUNG if frozen_s >= T.hang_after_s else HEALTHY)
+
+
+def test_an_adaptive_hang_says_its_bound_and_where_it_came_from() -> None:
+    verdict = classify(replace(TRAINING, seconds_since_step_advanced=9.0), ADAPTIVE)
+    assert verdict.reason == (
+        "step frozen for 9s (bound 8.0s: 10 x the slowest recent step 0.80s, at least 5s)"
+    )
+    # A slow agent's looks raise the floor: three looks.
+    slow_looks = replace(ADAPTIVE, interval_s=4)
+    assert classify(replace(TRAINING, seconds_since_step_advanced=11.0), slow_looks).name == HEALTHY
+    assert classify(replace(TRAINING, seconds_since_step_advanced=12.0), slow_looks).name == HUNG
+
+
+def test_the_adaptive_bound_holds_within_the_start_up_grace_once_steps_are_timed() -> None:
+    young = replace(TRAINING, seconds_since_start=60.0, seconds_since_step_advanced=9.0)
+    graced = replace(ADAPTIVE, startup_grace_s=900)
+    assert classify(young, graced).name == HUNG
+    # Before five step times are known the grace holds, as without the factor.
+    assert classify(replace(young, slowest_step_s=None), graced).name == HEALTHY
+    assert classify(young, replace(graced, hang_after_step_times=None)).name == HEALTHY
+
+
+def test_a_frozen_rank_is_hung_by_the_adaptive_bound() -> None:
+    ranks = (RankSignals(0, 100, True, 50, 9.0), RankSignals(1, 101, True, 50, 1.0))
+    signals = replace(TRAINING, ranks=ranks, process_count=2)
+    verdict = classify(signals, replace(ADAPTIVE, expected_processes=2))
+    assert verdict.name == HUNG and verdict.evidence["rank"] == "0", verdict.reason
+
+
+def test_the_monitor_field_reaches_the_thresholds() -> None:
+    monitor = Monitor.model_validate({"hangAfterStepTimes": 20, "intervalSeconds": 2})
+    thresholds = Thresholds.from_monitor(monitor)
+    assert (thresholds.hang_after_step_times, thresholds.interval_s) == (20, 2)
+    assert Thresholds.from_monitor(Monitor()).hang_after_step_times is None
+    with pytest.raises(ValueError, match="greater than or equal to 2"):
+        Monitor.model_validate({"hangAfterStepTimes": 1})

@@ -3,7 +3,7 @@
 The pod agent reads it to tell a live, advancing trainer from a hung or dead one. Example::
 
     {"pid": 4242, "step": 1200, "time": 1764720000.52, "phase": "training",
-     "tokens_per_s": 23850.0, "loss": 2.31,
+     "tokens_per_s": 23850.0, "loss": 2.31, "slowest_step_s": 0.412,
      "memory_allocated_bytes": 81604378624, "memory_reserved_bytes": 90194313216,
      "memory_by_device": [{"device": 0, "uuid": "5d9c3f4e-...",
                            "allocated_bytes": 81604378624, "reserved_bytes": 90194313216}],
@@ -22,10 +22,13 @@ agent reads them); `memory_by_device` has every device the process holds memory 
 CUDA index and, where CUDA reports it, its UUID (NVML's without the ``GPU-`` or ``MIG-``
 prefix). The agent judges the memory of each GPU, and a UUID names the GPU however
 ``CUDA_VISIBLE_DEVICES`` renumbers the devices.
-`checkpoint_stall_s` is how long the last save blocked the loop: the measured cost a checkpoint
-cadence can be derived from (Young: sqrt(2 x cost x MTBF)). `invalid_checkpoints` lists the
-newest checkpoints the harness found invalid in L1 (when it resumed, at keep-last-N, or moved
-aside by a save of the same step), for the agent to tell (`trainguard.contract.findings`).
+`slowest_step_s` is the longest time between two reported steps among this process's last 100
+(null until five are known): the agent's adaptive hang bound (`monitor.hangAfterStepTimes`) is
+a multiple of it. `checkpoint_stall_s` is how long the last save blocked the loop: the
+measured cost a checkpoint cadence can be derived from (Young: sqrt(2 x cost x MTBF)).
+`invalid_checkpoints` lists the newest checkpoints the harness found invalid in L1 (when it
+resumed, at keep-last-N, or moved aside by a save of the same step), for the agent to tell
+(`trainguard.contract.findings`).
 The file is written to a temporary name and renamed, so readers never see a torn write. This
 module does not import torch (the agent may import it for the field names).
 """
@@ -64,6 +67,7 @@ DEVICE_RESERVED = "reserved_bytes"
 LAST_CHECKPOINT_STEP = "last_checkpoint_step"
 CHECKPOINT_ERROR = "checkpoint_error"
 CHECKPOINT_STALL_S = "checkpoint_stall_s"
+SLOWEST_STEP_S = "slowest_step_s"
 INVALID_CHECKPOINTS = HEARTBEAT_FIELD
 RANK = "rank"
 LOCAL_RANK = "local_rank"
@@ -149,6 +153,7 @@ class Heartbeat:
             LAST_CHECKPOINT_STEP: None,
             CHECKPOINT_ERROR: None,
             CHECKPOINT_STALL_S: None,
+            SLOWEST_STEP_S: None,
             INVALID_CHECKPOINTS: [],
             RANK: rank,
             LOCAL_RANK: local_rank,

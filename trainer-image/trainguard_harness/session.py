@@ -50,6 +50,7 @@ from types import FrameType
 from typing import Any, Protocol, TypeVar
 
 from trainguard.api.constants import L0_LAYER, L1_LAYER, FoundBy
+from trainguard.api.spec import STEP_TIME_WINDOW
 from trainguard.ckpt import Contents, Problem, Verification, step_dirname
 from trainguard.contract.env import L0_KEEP_LAST
 from trainguard.contract.files import (
@@ -86,6 +87,9 @@ RNG_COMPONENT = "rng"
 _COMPONENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 # tokens/s is averaged over at least this long, so one fast or slow step does not dominate.
 RATE_WINDOW_S = 1.0
+# Step times the slowest recent step is published from: no figure before this many (the first
+# steps after a start compile and warm caches).
+MIN_STEP_TIMES = 5
 # L0's share of the loop's time: a snapshot is taken once the time since the last one is at
 # least its stall / this (1 %: 0.1 ms of stall for a 10 ms step allows one every step).
 L0_STALL_BUDGET = 0.01
@@ -169,6 +173,9 @@ class TrainingSession:
         self._steps_this_process = 0
         self._last_save_time = time.monotonic()
         self._rate_start = time.monotonic()
+        # Seconds between consecutive reported steps of this process, the newest last.
+        self._step_times: deque[float] = deque(maxlen=STEP_TIME_WINDOW)
+        self._step_reported_at: float | None = None
         self._rate_tokens = 0
         # Invalid L1 checkpoints, for the heartbeat; the writer's thread reports them too.
         self._findings: list[Finding] = []
@@ -383,11 +390,21 @@ class TrainingSession:
         self.save_l0(step)
 
     def report_step(self, step: int, *, loss: float | None = None, tokens: int = 0) -> None:
-        """Put a finished step in the heartbeat (step, loss, tokens/s over the rate window)."""
+        """Put a finished step in the heartbeat (step, loss, tokens/s over the rate window).
+
+        Also the slowest of the last `STEP_TIME_WINDOW` step times (from one report to the
+        next, so a save's stall counts in the step it follows), once `MIN_STEP_TIMES` are
+        known: the agent's `monitor.hangAfterStepTimes` bound is a multiple of it.
+        """
         self._steps_this_process += 1
         self._rate_tokens += tokens
         now = time.monotonic()
         fields: dict[str, Any] = {hb.STEP: step, hb.PHASE: hb.PHASE_TRAINING}
+        if self._step_reported_at is not None:
+            self._step_times.append(now - self._step_reported_at)
+            if len(self._step_times) >= MIN_STEP_TIMES:
+                fields[hb.SLOWEST_STEP_S] = round(max(self._step_times), 4)
+        self._step_reported_at = now
         if loss is not None:
             fields[hb.LOSS] = loss
         if now - self._rate_start >= RATE_WINDOW_S:

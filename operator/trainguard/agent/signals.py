@@ -96,6 +96,8 @@ class Heartbeat:
     devices: tuple[DeviceMemory, ...] | None = None
     # The invalid checkpoints the harness found in L1, its newest (`contract.findings`).
     invalid_checkpoints: tuple[Finding, ...] = ()
+    # The slowest of the trainer's recent steps (s); None before it has enough of them.
+    slowest_step_s: float | None = None
 
 
 def parse_heartbeat(data: dict[str, Any]) -> Heartbeat:
@@ -123,7 +125,19 @@ def parse_heartbeat(data: dict[str, Any]) -> Heartbeat:
         reserved_mib=reserved,
         devices=_devices(data.get(MEMORY_BY_DEVICE)),
         invalid_checkpoints=read_findings(data.get(HEARTBEAT_FIELD)),
+        slowest_step_s=number("slowest_step_s"),
     )
+
+
+def slowest_step(beats: Sequence[Heartbeat]) -> float | None:
+    """The slowest recent step of the trainer's ranks; None unless every rank has a figure.
+
+    One rank's steps wait for the others' in each collective, so the slowest is the pod's.
+    """
+    figures = [beat.slowest_step_s for beat in beats]
+    if not figures or any(figure is None for figure in figures):
+        return None
+    return max(figure for figure in figures if figure is not None)
 
 
 def _devices(value: Any) -> tuple[DeviceMemory, ...] | None:
@@ -424,6 +438,7 @@ class Collector:
             seconds_held_since_death=held_s,
             memory_left_mib=None if held_s is None else sum(left.values()),
             gpus=gpu_signals(fresh, beats, left) if fresh else (),
+            slowest_step_s=slowest_step(beats),
             ranks=ranks,
             rank_failure=self.rank_failure if ranks else None,
         )

@@ -36,9 +36,11 @@ from trainguard.api.spec import (
     DEFAULT_GHOST_THRESHOLD_MIB,
     DEFAULT_GPU_RELEASE_SECONDS,
     DEFAULT_HANG_AFTER_SECONDS,
+    DEFAULT_INTERVAL_SECONDS,
     DEFAULT_IO_STUCK_AFTER_SECONDS,
     DEFAULT_SLOW_AFTER_SECONDS,
     DEFAULT_STARTUP_GRACE_SECONDS,
+    MIN_ADAPTIVE_HANG_SECONDS,
     Monitor,
 )
 from trainguard.contract.files import RankFailure
@@ -49,6 +51,7 @@ HUNG = constants.Verdict.HUNG.value
 DEAD = constants.Verdict.DEAD.value
 GHOST_MEMORY = constants.Verdict.GHOST_MEMORY.value
 IO_STUCK = constants.Verdict.IO_STUCK.value
+PHASE_TRAINING = "training"  # the harness heartbeat's phase between steps
 UNKNOWN = "Unknown"  # nothing to judge yet (trainer not started); never in the API
 
 VERDICTS = (HEALTHY, SLOW, HUNG, DEAD, GHOST_MEMORY, IO_STUCK, UNKNOWN)
@@ -62,6 +65,10 @@ class Thresholds:
     """Bounds from the TrainingRun's `spec.monitor` (`from_monitor`); defaults are the API's."""
 
     hang_after_s: float = DEFAULT_HANG_AFTER_SECONDS
+    # `monitor.hangAfterStepTimes`: Hung sooner, after this many slowest recent steps while
+    # training (`hang_bound`); None: `hang_after_s` alone.
+    hang_after_step_times: float | None = None
+    interval_s: float = DEFAULT_INTERVAL_SECONDS  # between two looks of the agent
     slow_after_s: float = DEFAULT_SLOW_AFTER_SECONDS
     io_stuck_after_s: float = DEFAULT_IO_STUCK_AFTER_SECONDS
     min_tokens_per_s: float = 0.0
@@ -80,6 +87,8 @@ class Thresholds:
         """The classifier's bounds from the run's `spec.monitor`."""
         return cls(
             hang_after_s=monitor.hang_after_seconds,
+            hang_after_step_times=monitor.hang_after_step_times,
+            interval_s=monitor.interval_seconds,
             slow_after_s=monitor.slow_after_seconds,
             io_stuck_after_s=monitor.io_stuck_after_seconds,
             min_tokens_per_s=monitor.min_tokens_per_second or 0.0,
@@ -147,6 +156,8 @@ class Signals:
     gpu_unattributed_mib: float | None = None  # used by no live process (driver's view)
     log_age_s: float | None = None
     seconds_since_start: float = float("inf")  # since this trainer process was first seen
+    # The slowest of the trainer's recent steps, as its harness measured it (s); None: unknown.
+    slowest_step_s: float | None = None
     # Since the last death, while the memory it left (all used memory until a trainer runs
     # again, then what no live process accounts for) has stayed above the released bound on
     # some GPU at every reading; None: no such death, released, or unknown. `memory_left_mib`
@@ -268,6 +279,43 @@ def _rank_death(s: Signals, evidence: dict[str, str]) -> Verdict:
     return Verdict(DEAD, f"rank{plural} {_ranks_text(gone)} absent: all ranks restart", named)
 
 
+def hang_bound(s: Signals, t: Thresholds) -> float:
+    """How long the step may stay frozen before the trainer is Hung.
+
+    `hang_after_s`; with `hang_after_step_times`, while training with a known slowest recent
+    step, that many of it if shorter, but never below `MIN_ADAPTIVE_HANG_SECONDS` or three
+    looks (the heartbeat is written once a second and read once a look, so a healthy step is
+    seen advancing that late). A save or a restore has no step time to go by. A trainer with
+    step times (five steps done) is past its start-up: the start-up grace no longer holds.
+    """
+    factor, slowest = t.hang_after_step_times, s.slowest_step_s
+    if factor is None or slowest is None or not _adaptive(s, t):
+        return t.hang_after_s
+    return min(t.hang_after_s, max(_adaptive_floor(t), factor * slowest))
+
+
+def _adaptive(s: Signals, t: Thresholds) -> bool:
+    """Whether the hang bound is a multiple of the slowest recent step (`hang_bound`)."""
+    return (
+        t.hang_after_step_times is not None
+        and s.slowest_step_s is not None
+        and s.phase == PHASE_TRAINING
+    )
+
+
+def _adaptive_floor(t: Thresholds) -> float:
+    return max(float(MIN_ADAPTIVE_HANG_SECONDS), 3 * t.interval_s)
+
+
+def _bound_text(bound: float, s: Signals, t: Thresholds) -> str:
+    if bound < t.hang_after_s and t.hang_after_step_times and s.slowest_step_s is not None:
+        return (
+            f"bound {bound:.1f}s: {t.hang_after_step_times:g} x the slowest recent step "
+            f"{s.slowest_step_s:.2f}s, at least {_adaptive_floor(t):g}s"
+        )
+    return f"bound {bound:.0f}s"
+
+
 def classify(s: Signals, t: Thresholds) -> Verdict:
     """Classify the signals into one verdict."""
     evidence = {
@@ -325,7 +373,8 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
     if ghost is not None:
         return ghost
 
-    starting = s.seconds_since_start < t.startup_grace_s
+    # A trainer whose step times the adaptive hang bound goes by is past its start-up.
+    starting = s.seconds_since_start < t.startup_grace_s and not _adaptive(s, t)
     if not s.heartbeat and not starting:
         # A script that does not use the harness: it has no step that could freeze, so it is
         # never Hung; absence, I/O and memory above, and a stop, are all that is judged.
@@ -342,7 +391,8 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
         # until the first step and the start-up grace have passed.
         return Verdict(HEALTHY, "alive, starting up", evidence)
 
-    frozen = s.seconds_since_step_advanced >= t.hang_after_s
+    bound = hang_bound(s, t)
+    frozen = s.seconds_since_step_advanced >= bound
     dropped = [
         g
         for g in s.per_gpu()
@@ -357,16 +407,14 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
             _naming(evidence, dropped),
         )
 
-    hung = [
-        r for r in s.ranks if r.step is not None and r.seconds_since_step_advanced >= t.hang_after_s
-    ]
+    hung = [r for r in s.ranks if r.step is not None and r.seconds_since_step_advanced >= bound]
     if hung:
         frozen_s = max(r.seconds_since_step_advanced for r in hung)
         plural = "s" if len(hung) > 1 else ""
         return Verdict(
             HUNG,
             f"step of rank{plural} {_ranks_text(hung)} frozen for {frozen_s:.0f}s "
-            f"(bound {t.hang_after_s:.0f}s)",
+            f"({_bound_text(bound, s, t)})",
             {
                 **evidence,
                 "rank": ",".join(str(r.rank) for r in hung),
@@ -379,7 +427,7 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
             return Verdict(SLOW, "trainer stopped (T state)", evidence)
         return Verdict(
             HUNG,
-            f"step frozen for {s.seconds_since_step_advanced:.0f}s (bound {t.hang_after_s:.0f}s)",
+            f"step frozen for {s.seconds_since_step_advanced:.0f}s ({_bound_text(bound, s, t)})",
             evidence,
         )
 

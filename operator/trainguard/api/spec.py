@@ -52,6 +52,13 @@ DEFAULT_FLUSH_TIMEOUT_SECONDS = 600
 DEFAULT_INTERVAL_SECONDS = 1
 DEFAULT_HANG_AFTER_SECONDS = 300
 DEFAULT_SLOW_AFTER_SECONDS = 120
+# monitor.hangAfterStepTimes: its range, the steps the harness takes its slowest from, and the
+# shortest bound it gives (the heartbeat is written once a second, the agent looks once an
+# interval: a healthy step is seen advancing up to about two seconds late).
+MIN_HANG_STEP_TIMES = 2.0
+MAX_HANG_STEP_TIMES = 1000.0
+STEP_TIME_WINDOW = 100
+MIN_ADAPTIVE_HANG_SECONDS = 5
 DEFAULT_STARTUP_GRACE_SECONDS = 900
 DEFAULT_IO_STUCK_AFTER_SECONDS = 60
 DEFAULT_LEASE_DURATION_SECONDS = 15
@@ -736,6 +743,22 @@ class Monitor(KubeModel):
     hang_after_seconds: PositiveSeconds = Field(
         default=DEFAULT_HANG_AFTER_SECONDS,
         description="Hung: the process is alive but the step has not advanced for this long.",
+    )
+    hang_after_step_times: float | None = Field(
+        default=None,
+        ge=MIN_HANG_STEP_TIMES,
+        le=MAX_HANG_STEP_TIMES,
+        description=(
+            "Hung sooner: also when, while training, the step has not advanced for this many "
+            "times the trainer's slowest recent step (the harness measures its last "
+            f"{STEP_TIME_WINDOW} steps), if that is shorter than hangAfterSeconds; never "
+            f"below {MIN_ADAPTIVE_HANG_SECONDS} s or 3 x intervalSeconds (what the heartbeat "
+            "and the agent's looks resolve). A save or a restore is judged by "
+            "hangAfterSeconds alone. It holds from the trainer's sixth step, within "
+            "startupGraceSeconds too. Work between two steps longer than this bound (an "
+            "evaluation) reads as a hang: leave it unset for such a loop. Unset: "
+            "hangAfterSeconds alone."
+        ),
     )
     slow_after_seconds: PositiveSeconds = Field(
         default=DEFAULT_SLOW_AFTER_SECONDS,
