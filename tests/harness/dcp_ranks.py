@@ -165,3 +165,47 @@ def load(rank: int, rendezvous: Path, checkpoint: Path, out: Path) -> None:
         )
         torch.save(flatten(state_of(model, optim)), out / f"loaded-{rank}.pt")
     dist.destroy_process_group()
+
+
+def unsettled_save(rank: int, rendezvous: Path, root: Path, out: Path) -> None:
+    """A sharded session whose coordinator cannot settle a save: every rank must see it fail.
+
+    Rank 0's read-back of step 10 fails (as a checkpoint that does not verify after writing
+    would); both ranks then save step 10 again at `close`, as they would at the end of
+    training. Each rank leaves what its save returned and its last saved step in `out`.
+    """
+    from trainguard_harness.ranks import Ranks
+    from trainguard_harness.settings import HarnessSettings
+    from trainguard_harness.sharded import ShardedModel, ShardedOptimizer, ShardedSession
+    from trainguard_harness.writer import CheckpointSaveError, PersistStats
+
+    model, optim = trained_state(rank, rendezvous)
+    settings = HarnessSettings.from_env(
+        {}, l1_dir=root, l0_dir=None, state_dir=out / f"state-{rank}",
+        heartbeat_file=out / f"state-{rank}" / "heartbeat.json",
+    )  # fmt: skip
+    ranks = Ranks(rank=rank, local_rank=rank, world_size=WORLD, local_world_size=WORLD)
+    session = ShardedSession(
+        {"model": ShardedModel(model), "optimizer": ShardedOptimizer(model, optim)},
+        settings,
+        handle_sigterm=False,
+        ranks=ranks,
+    )
+    if rank == 0:
+        settle = session.writer.settle
+        failures = [1]
+
+        def settle_once_failing(committed: Any, write_seconds: float = 0.0) -> PersistStats:
+            if failures:
+                failures.pop()
+                raise CheckpointSaveError(10, f"{committed.path} does not verify after writing")
+            return settle(committed, write_seconds)
+
+        session.writer.settle = settle_once_failing  # type: ignore[method-assign]
+    first = session.save(10)
+    after_first = session.last_saved_step
+    session.close(10)  # the final save: again on every rank, or on none
+    (out / f"result-{rank}.txt").write_text(
+        f"{first is not None} {after_first} {session.last_saved_step}"
+    )
+    dist.destroy_process_group()

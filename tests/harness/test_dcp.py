@@ -193,3 +193,14 @@ def test_one_process_with_several_writer_threads_lists_exactly_what_it_wrote(
     dcp.load(loaded, storage_reader=trainguard_reader(checkpoint))
     assert torch.equal(loaded["big"], state["big"]) and torch.equal(loaded["small"], state["small"])
     assert loaded["extra"] == {"position": 7}
+
+
+def test_a_save_its_coordinator_cannot_settle_fails_on_every_rank_alike(tmp_path: Path) -> None:
+    """A save that counts on some ranks only would leave them saving at different steps."""
+    root, out = tmp_path / "l1", tmp_path / "out"
+    out.mkdir()
+    spawn(dcp_ranks.unsettled_save, tmp_path, root, out)
+    results = [(out / f"result-{rank}.txt").read_text() for rank in range(WORLD)]
+    # The first save failed on both ranks (nothing saved), the final one succeeded on both.
+    assert results == ["False None 10"] * WORLD
+    assert [c.step for c in scan(root).valid] == [10]

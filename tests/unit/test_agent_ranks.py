@@ -241,6 +241,12 @@ def test_two_ranks_on_two_simulated_gpus_read_healthy_then_a_killed_rank_reads_d
     # Each GPU: one process and its own rank's framework memory.
     assert [g.processes for g in first.gpus] == [1, 1]
     assert [g.framework_reserved_mib for g in first.gpus] == [1900.0, 1900.0]
+    # Both ranks counted as trainer processes (a look may miss one of them: fewer than
+    # expected is never judged; more would be a duplicate trainer).
+    deadline = time.monotonic() + 5.0
+    while first.process_count != 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        first = ranks_pod.observe(0.0)
     assert first.process_count == 2, [_seen(pid, ranks_pod.marker) for pid in ranks_pod.ranks]
     verdict = classify(first, T)
     assert verdict.name == HEALTHY, verdict.reason

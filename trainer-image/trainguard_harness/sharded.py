@@ -19,7 +19,9 @@ shard is there. The ranks share L1 (the ranks of one pod).
   cadence is read on rank 0's clock and told to all (`rank0_decides`). It is `dcp.save`, so the
   loop waits for the write (`async_save` would run its collectives in a thread beside the
   training's, which needs a process group of its own). Rank 0 then reads the checkpoint back
-  and applies keep-last-N to L1 (`CheckpointWriter.settle`), as for a save of its own.
+  and applies keep-last-N to L1 (`CheckpointWriter.settle`), as for a save of its own, and
+  tells every rank whether it did: a checkpoint that does not verify after writing fails the
+  save on every rank alike, so the ranks keep agreeing on what was saved.
 - **Resume**: rank 0 picks the newest L1 checkpoint that verifies as a whole (every rank's
   files hashed); one with any rank's file missing or corrupt is skipped as a whole (rank 0's
   intact shard of it is never read), kept, and reported like any invalid checkpoint (the
@@ -190,8 +192,18 @@ class ShardedSession(TrainingSession):
             # Raised on every rank alike: the ranks keep agreeing on what was saved.
             raise CheckpointSaveError(step, str(error)) from error
         committed = writer.committed
+        unsettled: str | None = None
         if committed is not None:  # the coordinator: read back, keep-last-N, the SAVED event
-            self.writer.settle(committed, time.perf_counter() - started)
+            try:
+                self.writer.settle(committed, time.perf_counter() - started)
+            except (CheckpointSaveError, OSError) as error:
+                unsettled = str(error)
+        # Every rank learns whether the coordinator settled it: a save that counts on some
+        # ranks only would have them save again at different steps (a collective one side
+        # never joins, `close`'s final save included).
+        if not rank0_decides(unsettled is None):
+            raise CheckpointSaveError(step, unsettled or "the coordinator could not settle it")
+        if committed is not None:
             nbytes = committed.manifest.total_bytes
         else:
             self.heartbeat.update(last_checkpoint_step=step, checkpoint_error=None)
