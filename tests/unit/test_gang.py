@@ -354,6 +354,25 @@ def test_a_gang_that_cannot_be_placed_waits_the_bound_then_goes_down_and_retries
     assert seen.restarts == 0 and seen.gang_retry_time is None
 
 
+def test_members_of_a_gang_taken_down_still_listed_are_deleted_and_the_retry_kept() -> None:
+    """A watch that has delivered the unplaced member's deletion but not the placed ones'."""
+    held = gang_run({"attempt": 1, "gangRetryTime": "2026-01-01T12:01:00Z", "restarts": 0})
+    hash_ = spec_hash(held.spec)
+    placed = (running(1, 0), running(1, 1))
+    again = decide(held, placed, hash_, NOW + timedelta(seconds=1))
+    assert set(again.delete) == set(placed) and not again.create
+    assert again.retry_time == datetime(2026, 1, 1, 12, 1, tzinfo=UTC)
+    seen = observed(held, again, None)
+    assert seen.gang_retry_time == again.retry_time and seen.members == ()
+    assert state(held, again, None).reason == OperatorReason.UNSCHEDULABLE
+    # Once they are gone the next attempt waits for the retry time, not counted as a restart.
+    assert not decide(held, (), hash_, NOW + timedelta(seconds=2)).create
+    # Pods of a newer attempt than the status's are that attempt's own, never taken down.
+    newer = (running(2, 0), running(2, 1), running(2, 2))
+    kept = decide(held, newer, hash_, NOW + timedelta(seconds=61))
+    assert kept.delete == () and not kept.create
+
+
 def test_a_one_pod_run_that_cannot_be_placed_is_never_taken_down() -> None:
     run = make_run(None, {"attempt": 1})
     lone = PodView(

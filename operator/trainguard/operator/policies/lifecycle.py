@@ -288,6 +288,18 @@ def decide(
         return Decision(attempt, delete=tuple(live), cause=Reason.SUSPENDED)
     if current is not None:
         every = attempt_pods
+        if status.gang_retry_time is not None and latest == (status.attempt or 0):
+            # This attempt's gang was taken down for a member it could not place: pods still
+            # listed are its members seen before their deletion reached the watch. They are
+            # deleted again and the retry time kept; judged as members, the placed ones would
+            # read as a gang to keep, and the next cycle, finding none, would start the next
+            # attempt at once instead of at the retry time.
+            return Decision(
+                attempt,
+                delete=(*every, *superseded),
+                cause=Reason.SCHEDULING,
+                retry_time=status.gang_retry_time,
+            )
         if moving_off(status, current):
             return Decision(
                 attempt,
