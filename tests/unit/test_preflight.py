@@ -194,6 +194,23 @@ def test_the_test_file_is_one_checkpoint_within_bounds(
     assert preflight.default_test_bytes(checkpoint) == test_bytes
 
 
+@pytest.mark.parametrize(
+    ("checkpoint", "volumes", "test_bytes"),
+    [
+        # The reference run's L1: 3 checkpoints of 15.3 MiB, an emptyDir sized to them.
+        (16_000_000, [48_000_000], 24_000_000),
+        (16_000_000, [48_000_000, 400_000], 4 * MIB),  # a tiny data volume: the least fitted
+        (100 * MIB, [None, 900 * MIB], 100 * MIB),  # room enough: one checkpoint
+        (None, [None], 256 * MIB),
+    ],
+)
+def test_the_test_file_fits_within_half_of_each_volume_as_sized(
+    checkpoint: int | None, volumes: list[int | None], test_bytes: int
+) -> None:
+    """The kubelet evicts a pod whose emptyDir holds more than its sizeLimit."""
+    assert preflight.default_test_bytes(checkpoint, volumes) == test_bytes
+
+
 def test_without_a_gpu_reading_the_check_is_skipped_with_the_reason() -> None:
     check = preflight.check_gpu(UnavailableProbe("NVML not usable: no driver"), 2048)
 

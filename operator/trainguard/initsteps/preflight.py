@@ -22,7 +22,9 @@ them all. Targets: L1 (``TRAINGUARD_L1_DIR``) always, the data directory
 Integrity and bandwidth: a test file of ``--test-size`` random bytes (default: one checkpoint,
 ``TRAINGUARD_CKPT_BYTES``, within 64-256 MiB: below, fsync latency dominates and the
 bandwidth means little; above, a disk's write cache is long left behind and the test would
-only take longer) is written, fsynced and closed (errors of each count: close is where the
+only take longer; and at most half of the smallest tested volume's expected size, at least
+4 MiB, since the kubelet evicts a pod whose emptyDir exceeds the sizeLimit the operator gave
+it) is written, fsynced and closed (errors of each count: close is where the
 incident's error hid), dropped from the page cache (``POSIX_FADV_DONTNEED``; no effect on
 tmpfs), read back and hashed. Write bandwidth includes fsync and close. The file is removed
 afterwards. It is skipped when the filesystem has no room for it (the space check then fails).
@@ -66,7 +68,7 @@ import argparse
 import enum
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +86,8 @@ STEP = "preflight"
 MIB = 2**20
 MIN_DEFAULT_TEST_BYTES = 64 * MIB
 MAX_DEFAULT_TEST_BYTES = 256 * MIB
+# The least test file fitted into a small volume (`default_test_bytes`).
+MIN_FITTED_TEST_BYTES = 4 * MIB
 DEFAULT_MARGIN = "1Gi"
 # Floors far below any local SSD (the incident's local disk saved 35 GB in 18.6 s: about
 # 1.9 GB/s) and low enough that a busy but healthy disk passes: a failed floor excludes the
@@ -523,10 +527,22 @@ def report(
     }
 
 
-def default_test_bytes(checkpoint_bytes: int | None) -> int:
-    """One checkpoint, within the bounds of the module docstring (the most when unknown)."""
+def default_test_bytes(
+    checkpoint_bytes: int | None, volume_bytes: Sequence[int | None] = ()
+) -> int:
+    """One checkpoint, within the bounds of the module docstring (the most when unknown).
+
+    `volume_bytes` are the tested volumes' expected sizes (None: unknown): the file stays
+    within half of the smallest, at least `MIN_FITTED_TEST_BYTES`. The operator sizes an
+    emptyDir's sizeLimit to what it expects, and the kubelet evicts a pod whose emptyDir holds
+    more when it looks (this step cannot see the limit: statvfs shows the node's disk).
+    """
     wanted = MAX_DEFAULT_TEST_BYTES if checkpoint_bytes is None else checkpoint_bytes
-    return min(max(wanted, MIN_DEFAULT_TEST_BYTES), MAX_DEFAULT_TEST_BYTES)
+    size = min(max(wanted, MIN_DEFAULT_TEST_BYTES), MAX_DEFAULT_TEST_BYTES)
+    known = [volume for volume in volume_bytes if volume]
+    if known:
+        size = min(size, max(MIN_FITTED_TEST_BYTES, min(known) // 2))
+    return size
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -628,12 +644,19 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     max_used = args.gpu_max_used_mib
     algorithm = pod.hash_algorithm or DEFAULT_ALGORITHM
     new_hasher(algorithm)
+    keep_last = args.keep if args.keep is not None else pod.keep_last
+    data_bytes = args.data_size or pod.data_bytes
+    # The volumes the test file goes to, as the operator sized them (`default_test_bytes`).
+    volumes = [
+        room_in_checkpoints(keep_last, len(pod.layers)) * checkpoint if checkpoint else None,
+        data_bytes if DATA_TARGET in paths else None,
+    ]
     return Settings(
         paths=paths,
-        test_bytes=max(1, args.test_size or default_test_bytes(checkpoint)),
+        test_bytes=max(1, args.test_size or default_test_bytes(checkpoint, volumes)),
         checkpoint_bytes=checkpoint,
-        data_bytes=args.data_size or pod.data_bytes,
-        keep_last=args.keep if args.keep is not None else pod.keep_last,
+        data_bytes=data_bytes,
+        keep_last=keep_last,
         margin_bytes=args.margin,
         min_write_mbps=_floor(args.min_write_mbps, environ, MIN_WRITE_ENV, DEFAULT_MIN_WRITE_MBPS),
         min_read_mbps=_floor(args.min_read_mbps, environ, MIN_READ_ENV, DEFAULT_MIN_READ_MBPS),
