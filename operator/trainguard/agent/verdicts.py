@@ -288,10 +288,10 @@ def hang_bound(s: Signals, t: Thresholds) -> float:
     seen advancing that late). A save or a restore has no step time to go by. A trainer with
     step times (five steps done) is past its start-up: the start-up grace no longer holds.
     """
-    factor, slowest = t.hang_after_step_times, s.slowest_step_s
-    if factor is None or slowest is None or not _adaptive(s, t):
+    if not _adaptive(s, t):
         return t.hang_after_s
-    return min(t.hang_after_s, max(_adaptive_floor(t), factor * slowest))
+    assert t.hang_after_step_times is not None and s.slowest_step_s is not None  # _adaptive
+    return min(t.hang_after_s, max(_adaptive_floor(t), t.hang_after_step_times * s.slowest_step_s))
 
 
 def _adaptive(s: Signals, t: Thresholds) -> bool:

@@ -69,7 +69,7 @@ import enum
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -644,19 +644,12 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
     max_used = args.gpu_max_used_mib
     algorithm = pod.hash_algorithm or DEFAULT_ALGORITHM
     new_hasher(algorithm)
-    keep_last = args.keep if args.keep is not None else pod.keep_last
-    data_bytes = args.data_size or pod.data_bytes
-    # The volumes the test file goes to, as the operator sized them (`default_test_bytes`).
-    volumes = [
-        room_in_checkpoints(keep_last, len(pod.layers)) * checkpoint if checkpoint else None,
-        data_bytes if DATA_TARGET in paths else None,
-    ]
-    return Settings(
+    settings = Settings(
         paths=paths,
-        test_bytes=max(1, args.test_size or default_test_bytes(checkpoint, volumes)),
+        test_bytes=args.test_size or 1,
         checkpoint_bytes=checkpoint,
-        data_bytes=data_bytes,
-        keep_last=keep_last,
+        data_bytes=args.data_size or pod.data_bytes,
+        keep_last=args.keep if args.keep is not None else pod.keep_last,
         margin_bytes=args.margin,
         min_write_mbps=_floor(args.min_write_mbps, environ, MIN_WRITE_ENV, DEFAULT_MIN_WRITE_MBPS),
         min_read_mbps=_floor(args.min_read_mbps, environ, MIN_READ_ENV, DEFAULT_MIN_READ_MBPS),
@@ -665,6 +658,11 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Setti
         inject_corrupt_readback=injection == INJECT_CORRUPT_READBACK,
         remote_layers=len(pod.layers),
     )
+    if args.test_size:
+        return settings
+    # The test file fits the volumes it goes to, as the operator sized them.
+    volumes = [settings.expected_bytes(target) for target in paths]
+    return replace(settings, test_bytes=default_test_bytes(checkpoint, volumes))
 
 
 def main(argv: list[str]) -> int:
