@@ -116,6 +116,17 @@ def _status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return status
 
 
+_AGE_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def _age_seconds(event_line: str) -> int:
+    """The age `kubectl describe` shows for an Event line ("12s", "2m3s", "3h"), in seconds."""
+    age = event_line.split()[2]
+    parts = re.findall(r"(\d+)([dhms])", age)
+    assert parts and "".join(n + u for n, u in parts) == age, event_line
+    return sum(int(n) * _AGE_UNITS[u] for n, u in parts)
+
+
 def _pod_dirs(cluster: Cluster, node: str, namespace: str) -> list[Path]:
     return sorted((_node_dir(cluster, node) / "pods").glob(f"{namespace}_*"))
 
@@ -291,9 +302,10 @@ def test_a_node_failing_preflight_is_excluded_and_the_run_trains_elsewhere(
     assert (
         lines[0].startswith("Warning") and f"evidence: {failure} (attempt 1 on {sick})" in lines[0]
     )
-    # Events within the same second may be listed either way: only causal order is asserted.
-    at = [events.index(line) for line in lines]  # PreflightFailed, Passed, StagingData, Staged
-    assert at[0] < min(at[1:]) and max(at[1], at[2]) < at[3], events
+    # Causal order, by each Event's age: Events within the same second are listed either way,
+    # so an older Event has an age no smaller than a newer one's, never a fixed place in the list.
+    age = [_age_seconds(line) for line in lines]  # PreflightFailed, Passed, StagingData, Staged
+    assert age[0] >= max(age[1:]) and min(age[1], age[2]) >= age[3], events
 
     if fault == "ghost":
         _remediated(cluster, sick, tainted)

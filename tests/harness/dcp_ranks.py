@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
 from trainguard_harness.dcp import TrainguardWriter, trainguard_reader, trainguard_writer
+from trainguard_harness.ranks import end_process
 
 WORLD = 2
 TIMEOUT = timedelta(seconds=60)
@@ -48,6 +49,15 @@ class Net(nn.Module):
             x = torch.relu(layer(x))
         out: torch.Tensor = self.layers[-1](x)
         return out
+
+
+def finish() -> None:
+    """End this rank: its process group, then the process, without the interpreter's finalization.
+
+    A gloo thread left behind by the group must not meet the finalization (`end_process`).
+    """
+    dist.destroy_process_group()
+    end_process(0)
 
 
 def start(rank: int, rendezvous: Path) -> DeviceMesh:
@@ -146,7 +156,7 @@ def save(rank: int, rendezvous: Path, root: Path, step: int, out: Path, mode: st
     else:
         dcp.save(state, storage_writer=trainguard_writer(root, step - 1))
         dcp.save(state, storage_writer=WRITERS[mode](root, step))
-    dist.destroy_process_group()
+    finish()
 
 
 def load(rank: int, rendezvous: Path, checkpoint: Path, out: Path) -> None:
@@ -164,7 +174,7 @@ def load(rank: int, rendezvous: Path, checkpoint: Path, out: Path) -> None:
             model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
         torch.save(flatten(state_of(model, optim)), out / f"loaded-{rank}.pt")
-    dist.destroy_process_group()
+    finish()
 
 
 def unsettled_save(rank: int, rendezvous: Path, root: Path, out: Path) -> None:
@@ -208,4 +218,4 @@ def unsettled_save(rank: int, rendezvous: Path, root: Path, out: Path) -> None:
     (out / f"result-{rank}.txt").write_text(
         f"{first is not None} {after_first} {session.last_saved_step}"
     )
-    dist.destroy_process_group()
+    finish()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import threading
 from collections.abc import Callable
@@ -25,6 +26,9 @@ from trainguard_harness.writer import (
 )
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
+
+# The module, not the `verify` function `trainguard.ckpt` exports under the same name.
+verify_module = importlib.import_module("trainguard.ckpt.verify")
 
 
 def model_state(step: int, numel: int = 4096) -> dict[str, object]:
@@ -121,6 +125,34 @@ def test_host_buffer_is_allocated_once_and_reused(tmp_path: Path) -> None:
     writer.save(4, model_state(4, numel=100_000))  # larger state: the buffer grows
     writer.close()
     assert snapshotter.capacity >= 100_000 * 4
+
+
+def test_keep_last_n_does_not_read_back_what_a_writer_without_read_back_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """L0's case: hashed as written, its kept checkpoints are not hashed again after each save.
+
+    A checkpoint it did not write (an earlier process's) is still hashed before it is kept.
+    """
+    earlier = CheckpointWriter(tmp_path, keep_last=2, verify_after_write=False)
+    earlier.save(1, model_state(1))
+    earlier.close()
+    hashed: list[Path] = []
+
+    def counting_hash_file(path: Path, *args: object, **kwargs: object) -> object:
+        hashed.append(Path(path))
+        return real_hash_file(path, *args, **kwargs)
+
+    real_hash_file = verify_module.hash_file
+    monkeypatch.setattr(verify_module, "hash_file", counting_hash_file)
+    writer = CheckpointWriter(tmp_path, keep_last=2, verify_after_write=False)
+    for step in (2, 3, 4):
+        writer.save(step, model_state(step))
+        writer.wait()
+    writer.close()
+    # Step 1's files once, when step 2 was kept beside it; never a file the writer wrote.
+    assert hashed and {path.parent.name for path in hashed} == {"step-00000001"}, hashed
+    assert [v.step for v in scan(tmp_path).valid] == [3, 4]
 
 
 @pytest.mark.parametrize("algorithm", [BLAKE3, SHA256])

@@ -14,13 +14,15 @@ identities. torch is imported only where a process group is used.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import logging
 import os
 import pickle
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -28,6 +30,22 @@ RANK_ENV = "RANK"
 LOCAL_RANK_ENV = "LOCAL_RANK"
 WORLD_SIZE_ENV = "WORLD_SIZE"
 LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"
+
+
+def end_process(code: int) -> NoReturn:
+    """End this process with `code` now, without the interpreter's finalization.
+
+    For a process that ran collectives: the backend's C++ threads (gloo's, NCCL's) may
+    outlive `destroy_process_group`, and one that needs the GIL while the interpreter
+    finalizes aborts the process (SIGABRT, "terminate called without an active exception")
+    after work that completed, which its launcher then counts as a failure. Call it last,
+    once checkpoints are closed and the process group destroyed: logs and output are flushed.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed or gone: nothing to keep
+            stream.flush()
+    os._exit(code)
 
 
 def _number(environ: Mapping[str, str], name: str, default: int) -> int:

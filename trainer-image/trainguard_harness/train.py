@@ -38,7 +38,6 @@ import logging
 import math
 import random
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -48,7 +47,7 @@ from torch.distributed.fsdp import fully_shard
 
 from trainguard.contract.files import share_with_pod
 from trainguard_harness.model import GPT, PRESETS
-from trainguard_harness.ranks import Ranks, reduce_step
+from trainguard_harness.ranks import Ranks, end_process, reduce_step
 from trainguard_harness.session import TrainingSession
 from trainguard_harness.settings import HarnessSettings, OnSaveError
 from trainguard_harness.sharded import ShardedModel, ShardedOptimizer, ShardedSession
@@ -253,4 +252,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Checkpoints are closed and the process group destroyed when main returns; a backend
+    # thread left behind must not meet the interpreter's finalization (see end_process).
+    end_process(main())

@@ -159,7 +159,10 @@ class CheckpointWriter:
         )
         self._pending: Future[PersistStats | None] | None = None
         self.last_persisted: PersistStats | None = None
-        # Checkpoints this writer read back in full: keep-last-N need not hash them again.
+        # Checkpoints this writer checked: read back in full, or (without `verify_after_write`)
+        # hashed as it wrote them, the check its owner chose. Keep-last-N hashes them no more:
+        # reading back every kept checkpoint after each save would cost more than the one
+        # read-back turned off (L0 in memory: twice its persist, at a snapshot every step).
         self._verified: set[Path] = set()
         # Checkpoints found invalid (by keep-last-N, or a reader: `note_invalid`): never removed.
         self._invalid: set[Path] = set()
@@ -279,8 +282,7 @@ class CheckpointWriter:
                     step, f"{committed.path} does not verify after writing: {result.reasons}"
                 )
         verified = time.perf_counter()
-        if self.verify_after_write:
-            self._verified.add(committed.path)
+        self._verified.add(committed.path)
         pruned = prune(
             self.root, self.keep_last, verified=self._verified, known_invalid=self._invalid
         )
