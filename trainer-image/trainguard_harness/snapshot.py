@@ -67,6 +67,10 @@ class HostSnapshotter:
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
         self._pinned = False
+        # The typed views of the buffer the last plan copied into, and that plan's layout:
+        # a save with the same layout (every save once shapes are final) reuses them.
+        self._targets: list[torch.Tensor] = []
+        self._targets_layout: object = None
 
     @property
     def capacity(self) -> int:
@@ -79,6 +83,7 @@ class HostSnapshotter:
         if self._buffer is not None and self.capacity >= plan.nbytes and self._pinned == pinned:
             return self._buffer
         self._buffer = None  # release the old one before allocating its replacement
+        self._targets, self._targets_layout = [], None
         raw = torch.empty(plan.nbytes + REGION_ALIGN, dtype=torch.uint8, pin_memory=pinned)
         shift = -raw.data_ptr() % REGION_ALIGN
         buffer = raw[shift : shift + max(plan.nbytes, 1)]
@@ -90,15 +95,26 @@ class HostSnapshotter:
     def capture(self, plan: Plan) -> Snapshot:
         """Copy every tensor of `plan` into the buffer; returns when the copy is complete."""
         buffer = self.ensure(plan)
-        devices = set()
-        for component, region in zip(plan.components, plan.offsets, strict=True):
-            for slot, source in zip(component.slots, component.tensors, strict=True):
-                start = region + slot.offset
-                target = buffer[start : start + slot.nbytes].view(slot.dtype).view(slot.shape)
-                target.copy_(source, non_blocking=self._pinned)
-                if source.is_cuda:
-                    devices.add(source.device)
+        targets = self._targets_for(plan, buffer)
+        sources = [source for component in plan.components for source in component.tensors]
+        for target, source in zip(targets, sources, strict=True):
+            target.copy_(source, non_blocking=self._pinned)
+        devices = {source.device for source in sources if source.is_cuda} if plan.on_gpu else ()
         for device in devices:
             # Non-blocking copies into pinned memory are complete only after a sync.
             torch.cuda.synchronize(device)
         return Snapshot(plan, buffer)
+
+    def _targets_for(self, plan: Plan, buffer: torch.Tensor) -> list[torch.Tensor]:
+        """The view of `buffer` each tensor of `plan` is copied into, in slot order."""
+        layout = (plan.offsets, tuple(component.slots for component in plan.components))
+        if layout != self._targets_layout:
+            self._targets = [
+                buffer[region + slot.offset : region + slot.offset + slot.nbytes]
+                .view(slot.dtype)
+                .view(slot.shape)
+                for component, region in zip(plan.components, plan.offsets, strict=True)
+                for slot in component.slots
+            ]
+            self._targets_layout = layout
+        return self._targets

@@ -144,6 +144,10 @@ def _tensor_name(path: tuple[str, ...], used: set[str]) -> str:
     return name
 
 
+# Values `_encode` returns unchanged (exact types: a subclass takes the general path).
+_PLAIN_TYPES = frozenset({type(None), bool, int, str})
+
+
 def _encode(
     value: object, path: tuple[str, ...], found: list[tuple[str, torch.Tensor]], used: set[str]
 ) -> JSON:
@@ -161,11 +165,12 @@ def _encode(
         return _encode(value.item(), path, found, used)
     if isinstance(value, bytes):
         return {BYTES_TAG: base64.b64encode(value).decode()}
-    if isinstance(value, list):
-        return [_encode(item, (*path, str(i)), found, used) for i, item in enumerate(value)]
-    if isinstance(value, tuple):
-        items = [_encode(item, (*path, str(i)), found, used) for i, item in enumerate(value)]
-        return {TUPLE_TAG: items}
+    if isinstance(value, list | tuple):
+        if all(type(item) in _PLAIN_TYPES for item in value):
+            items = list(value)  # stored as they are (Python's RNG state: 625 integers)
+        else:
+            items = [_encode(item, (*path, str(i)), found, used) for i, item in enumerate(value)]
+        return items if isinstance(value, list) else {TUPLE_TAG: items}
     if isinstance(value, Mapping):
         plain = all(isinstance(key, str) and key not in _TAGS for key in value)
         encoded = {
@@ -185,10 +190,11 @@ def _add_tensor(
     found: list[tuple[str, torch.Tensor]],
     used: set[str],
 ) -> str:
-    where = ".".join(path) or "<root>"
     if tensor.layout != torch.strided:
+        where = ".".join(path) or "<root>"
         raise StateFormatError(f"only dense tensors can be stored, {where} is {tensor.layout}")
     if tensor.dtype not in DTYPE_NAMES:
+        where = ".".join(path) or "<root>"
         raise StateFormatError(f"dtype {tensor.dtype} at {where} is not supported")
     name = _tensor_name(path, used)
     found.append((name, tensor.detach()))
