@@ -209,6 +209,52 @@ def test_hang_is_dumped_then_killed_across_users_and_restarted_in_place(
     assert [p["metadata"]["name"] for p in run_pods(cluster, run_name)] == [pod["metadata"]["name"]]
 
 
+def test_a_hang_is_found_by_a_multiple_of_the_slowest_step_on_a_real_node(
+    trainguard: Trainguard, shards_claim: str, run_name: str
+) -> None:
+    """`hangAfterStepTimes`: Hung within seconds where `hangAfterSeconds` alone waits 5 minutes.
+
+    Healthy training with its saves and L0 snapshots is never Hung by the short bound.
+    """
+    cluster = trainguard.cluster
+    spec = {
+        "monitor": {
+            "startupGraceSeconds": 5,
+            "hangAfterSeconds": 300,
+            "hangAfterStepTimes": 10,
+            "intervalSeconds": 1,
+        },
+        "recovery": {"backoff": {"initialSeconds": 1, "maxSeconds": 1}},
+    }
+    pod, _node, state = _training(trainguard, run_name, shards_claim, spec)
+    time.sleep(10)  # healthy steps, saves included, under the short bound
+    status = run_status(cluster, run_name)
+    assert status.get("restarts", 0) == 0 and "lastFailure" not in status, status
+    before = heartbeat(state)
+    assert before is not None and before.get("slowest_step_s") is not None, before
+    pid = before["pid"]
+    exec_python(cluster, pod["metadata"]["name"], "trainer", f"import os; os.kill({pid}, 19)")
+    frozen_at = time.monotonic()
+
+    def hung() -> dict[str, Any] | None:
+        current = run_status(cluster, run_name)
+        return current if current.get("restarts", 0) >= 1 else None
+
+    recorded = eventually(hung, timeout=90, what="the hang recorded by the adaptive bound")
+    found_s = time.monotonic() - frozen_at
+    failure = recorded["lastFailure"]
+    assert failure["cause"] == "Hung" and "x the slowest recent step" in failure["message"], failure
+
+    def restarted() -> dict[str, Any] | None:
+        beat = heartbeat(state)
+        return beat if beat and beat["pid"] != pid and beat.get("step") else None
+
+    eventually(restarted, timeout=120, what="a new trainer after the hang")
+    # The bound's floor is 5 s; the look, the Lease and the operator's write add seconds.
+    assert 5 <= found_s < 60, found_s
+    print(f"adaptive hang bound on a real node: Hung recorded {found_s:.1f} s after the freeze")
+
+
 def test_each_container_runs_as_its_image_user_and_reads_only_what_it_must(
     trainguard: Trainguard, shards_claim: str, run_name: str, real_s3: SeaweedFS
 ) -> None:
