@@ -63,7 +63,11 @@ class HostSnapshot:
 
 
 def _processes(root: Path) -> frozenset[str]:
-    """Processes of real nodes: named by the cluster's files, or in a real node's cgroups."""
+    """Processes of real nodes: named by the cluster's files, or in a real node's cgroups.
+
+    A zombie has ended: a container's process whose shim was killed waits there for the
+    host's init to reap it, which it does in its own time.
+    """
     found = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -71,7 +75,10 @@ def _processes(root: Path) -> frozenset[str]:
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             cgroups = (entry / "cgroup").read_text()
-        except OSError:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state == "Z":
             continue
         if f"{root}/realnodes" in cmdline or "/trainguard-" in cgroups:
             found.add(f"{entry.name} {cmdline}")

@@ -1,15 +1,20 @@
 """Real nodes: registered with node credentials, running pods, the GPU simulator, Services, down.
 
-The last test (ordered after every other test of the session by its `removes_real_nodes`
-marker) removes the real nodes, checks the host against the snapshot taken before they were
-added, and adds them again.
+The last tests (ordered after every other test of the session by their `removes_real_nodes`
+marker) remove the real nodes, check the host against the snapshot taken before they were
+added, and add them again; then kill every process of them and let another cluster claim the
+host, which reverts what the killed ones left.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +22,7 @@ import pytest
 from realnodes.conftest import REAL_NODES, RealCluster, host_snapshot
 from trainguard.contract.env import GPU_SIMULATION
 from trainguard_dev.cluster import realnode
+from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.testing.polling import eventually
 
 pytestmark = [pytest.mark.realnodes, pytest.mark.timeout(180)]
@@ -207,3 +213,56 @@ def test_down_leaves_the_host_as_it_was_and_up_again(real_cluster: RealCluster) 
     started = time.monotonic()
     real_cluster.up()
     assert time.monotonic() - started < 60
+
+
+def _kill_every_process_of_real_nodes(root: Path) -> None:
+    """SIGKILL kubelets, containerds, kube-proxies, the DNS server, shims and containers."""
+
+    def none_left() -> bool:
+        left = host_snapshot(root).processes
+        for line in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+        return not left
+
+    eventually(none_left, timeout=30, what="every real-node process gone", interval=0.5)
+
+
+@pytest.mark.removes_real_nodes
+@pytest.mark.timeout(180)
+def test_real_nodes_killed_before_their_down_are_reverted_by_the_next_cluster_to_claim_the_host(
+    real_cluster: RealCluster, tmp_path: Path
+) -> None:
+    cluster = real_cluster.cluster
+    _kill_every_process_of_real_nodes(cluster.root)
+    left = host_snapshot(cluster.root)
+    assert left.iptables != real_cluster.before.iptables  # what a killed run leaves behind
+    assert left.links != real_cluster.before.links
+    other = Cluster("next-run", home=tmp_path)
+    try:
+        other.real_nodes._claim_host()
+        after = host_snapshot(cluster.root)
+        before = real_cluster.before
+        assert after.processes == before.processes
+        assert after.mounts == before.mounts
+        assert after.cgroups == before.cgroups
+        assert after.links == before.links
+        assert after.iptables == before.iptables
+        assert after.ip_forward == before.ip_forward
+        assert after.paths == before.paths
+        assert realnode.HOST_LOCK.read_text().strip() == str(other.root)
+    finally:
+        if realnode.HOST_LOCK.exists() and realnode.HOST_LOCK.read_text().strip() == str(
+            other.root
+        ):
+            realnode.HOST_LOCK.unlink()
+
+
+def test_another_clusters_running_real_nodes_are_refused_not_reverted(
+    real_cluster: RealCluster, tmp_path: Path
+) -> None:
+    other = Cluster("next-run", home=tmp_path)
+    with pytest.raises(realnode.RealNodeError, match="real nodes of another cluster run"):
+        other.real_nodes._claim_host()
+    assert realnode.HOST_LOCK.read_text().strip() == str(real_cluster.cluster.root)
+    assert all(status.alive for status in real_cluster.cluster.real_node_status())

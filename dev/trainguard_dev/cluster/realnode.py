@@ -388,13 +388,41 @@ class RealNodes:
         tmp.replace(self.host_file)
 
     def _claim_host(self) -> None:
+        """Own the host's real nodes; revert another cluster's if none of its processes runs.
+
+        A run killed before its `down` (a CI job cut off, a machine's session ended) leaves
+        its record, bridges, mounts and iptables chains behind with nothing running: that
+        cluster's `down` reverts them, so the next cluster starts on a clean host. Another
+        cluster whose real nodes still run is refused: kube-proxies share iptables.
+        """
         owner = HOST_LOCK.read_text().strip() if HOST_LOCK.exists() else ""
         if owner and owner != str(self.cluster.root) and (Path(owner) / "realnodes").exists():
-            raise RealNodeError(
-                f"real nodes of another cluster run on this host ({owner}); "
-                "run `trainguard dev cluster down` for it first (kube-proxies share iptables)"
+            other = _cluster_at(Path(owner)).real_nodes
+            if other.anything_running():
+                raise RealNodeError(
+                    f"real nodes of another cluster run on this host ({owner}); "
+                    "run `trainguard dev cluster down` for it first (kube-proxies share iptables)"
+                )
+            print(
+                f"real nodes of a stopped cluster left state on this host ({owner}): reverting it",
+                file=sys.stderr,
             )
+            other.down()
         HOST_LOCK.write_text(f"{self.cluster.root}\n")
+
+    def anything_running(self) -> bool:
+        """Whether any process of these real nodes (or their DNS server) is alive."""
+        from trainguard_dev.cluster.cluster import _pid_alive
+
+        if not self.host_file.exists():
+            return False
+        components = [DNS_COMPONENT] + [
+            self._component(self.node(name), part)
+            for name in self._host().get("nodes", [])
+            for part in ("containerd", "kubelet", "kube-proxy")
+        ]
+        pids = (self.cluster._read_pid(component) for component in components)
+        return any(pid is not None and _pid_alive(pid) for pid in pids)
 
     # ----- up --------------------------------------------------------------------------
 
@@ -956,6 +984,13 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.opt"]
 
 
 # ----- host helpers ----------------------------------------------------------------------
+
+
+def _cluster_at(root: Path) -> Cluster:
+    """The cluster whose files are under `root` (`<home>/clusters/<name>`)."""
+    from trainguard_dev.cluster.cluster import Cluster
+
+    return Cluster(root.name, home=root.parent.parent)
 
 
 def _answers_dns(address: str) -> bool:
