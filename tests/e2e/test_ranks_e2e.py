@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_proc import apply, pods_of
+from operator_proc import apply, events_of, pods_of
 from recovery_helpers import bound_pod, status_of
 
 from trainguard.contract.env import PodEnv
@@ -129,6 +129,47 @@ def test_two_ranks_read_healthy_and_restart_together_in_place_after_one_is_kille
     assert sorted(rank for rank, _, _ in resumed) == ["0", "1"], log[-4000:]
     [step] = {int(step) for _, step, _ in resumed}
     assert step >= supervisor["checkpoint_step"], (step, supervisor["checkpoint_step"])
+
+
+FINISHING_RUN = "ranks-finish"
+FINISH_STEPS = 60
+
+
+def test_two_ranks_that_finish_complete_the_run_with_no_death_recorded(
+    cluster: Cluster,
+    namespace: str,
+    operator: OperatorProcess,
+    tmp_path: Path,
+    process_nodes: list[str],
+) -> None:
+    """The ranks of a launch end one after the other at the last step: that is no death."""
+    run = reference_run(
+        FINISHING_RUN,
+        make_shards(tmp_path / "shards"),
+        EVERY_STEPS,
+        {
+            "trainer": {"resources": {"gpus": RANKS}, "procsPerNode": RANKS},
+            "monitor": {"startupGraceSeconds": 5, "intervalSeconds": 1},
+        },
+        steps=FINISH_STEPS,
+    )
+    apply(cluster, namespace, run)
+    bound = eventually(lambda: bound_pod(cluster, namespace, FINISHING_RUN), what="the pod bound")
+    pod = PodEnv(state_dir=state_dir(cluster.root, bound), procs_per_node=RANKS)
+
+    def completed() -> dict[str, Any] | None:
+        status = status_of(cluster, namespace, FINISHING_RUN)
+        return status if status.get("phase") == "Completed" else None
+
+    status = eventually(completed, START_S + 60, "the run Completed", 0.2)
+    supervisor = read_json(pod.supervisor_file)
+    assert supervisor is not None and supervisor.get("rank_failure") is None, supervisor
+    assert "lastFailure" not in status, json.dumps(status["lastFailure"])
+    assert not status.get("restarts") and not status.get("backoffRestarts"), json.dumps(status)
+    reasons = [event["reason"] for event in events_of(cluster, namespace, FINISHING_RUN)]
+    assert not [reason for reason in reasons if "Dead" in reason], reasons
+    beats = rank_beats(pod)
+    assert [beat and beat["step"] for beat in beats] == [FINISH_STEPS] * RANKS, beats
 
 
 GHOST_GPU = 2

@@ -144,7 +144,8 @@ def test_heartbeat_reports_steps_loss_phase_and_checkpoints(tmp_path: Path) -> N
     record = json.loads((tmp_path / "state" / "heartbeat.json").read_text())
     assert record[hb.PID] == os.getpid()
     assert record[hb.STEP] == 2 and record[hb.LOSS] == 0.5
-    assert record[hb.PHASE] == hb.PHASE_TRAINING
+    # Closed: its last checkpoint saved, the process ends on purpose (no death to its agent).
+    assert record[hb.PHASE] == hb.PHASE_CLOSED
     assert record[hb.LAST_CHECKPOINT_STEP] == 2 and record[hb.CHECKPOINT_ERROR] is None
     assert 0 < record[hb.CHECKPOINT_STALL_S] < 5
     # No GPU here: framework memory is unknown, not zero.

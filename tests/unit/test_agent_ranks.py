@@ -92,6 +92,24 @@ def test_the_supervisors_record_names_the_first_failure_when_all_ranks_are_gone(
     assert classify(stale, T).evidence["rank"] == "0,1"
 
 
+def test_a_rank_gone_after_closing_its_session_is_no_death() -> None:
+    """At the last step the ranks end one after the other: the first gone closed its session."""
+    finished = replace(TWO[1], alive=False, closed=True)
+    one_finished = replace(ALIVE, ranks=(TWO[0], finished))
+    assert classify(one_finished, T).name == HEALTHY
+    # The supervisor saw it gone after the launcher reaped it (no status): still no death.
+    seen_gone = replace(one_finished, rank_failure=RankFailure(rank=1, pid=101))
+    assert classify(seen_gone, T).name == HEALTHY
+    # ... unless it ended badly after closing (a non-zero exit, a signal): that is one.
+    for failure in (RankFailure(1, 101, exit_code=1), RankFailure(1, 101, signal="SIGABRT")):
+        verdict = classify(replace(one_finished, rank_failure=failure), T)
+        assert verdict.name == DEAD and verdict.evidence["rank"] == "1", verdict.reason
+    # A rank gone without having closed is a death, whatever the other did.
+    other = replace(ALIVE, ranks=(replace(TWO[0], alive=False), finished))
+    verdict = classify(other, T)
+    assert verdict.name == DEAD and verdict.evidence["rank"] == "0", verdict.reason
+
+
 @pytest.mark.parametrize(
     ("frozen", "named"),
     [({1: 40.0}, "1"), ({0: 31.0, 1: 45.0}, "0,1")],

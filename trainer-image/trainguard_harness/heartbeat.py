@@ -75,7 +75,10 @@ LOCAL_RANK = "local_rank"
 PHASE_TRAINING = "training"
 PHASE_SAVING = "saving"
 PHASE_LOADING = "loading"
-PHASES = (PHASE_TRAINING, PHASE_SAVING, PHASE_LOADING)
+# The session is closed (its last checkpoint saved): the process ends on purpose from here on,
+# so its absence is no death (the ranks of a launch end one after the other).
+PHASE_CLOSED = "closed"
+PHASES = (PHASE_TRAINING, PHASE_SAVING, PHASE_LOADING, PHASE_CLOSED)
 
 MIN_INTERVAL_S = 1.0
 

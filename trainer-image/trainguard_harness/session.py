@@ -494,4 +494,5 @@ class TrainingSession:
         finally:
             if self.l0_writer is not None:
                 self._l0(lambda writer: writer.close())
+            self.heartbeat.update(phase=hb.PHASE_CLOSED)
             self.heartbeat.close()

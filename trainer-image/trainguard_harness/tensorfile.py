@@ -14,6 +14,7 @@ the data section; that lets a host buffer hold all of them as typed views withou
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 import sys
@@ -93,22 +94,37 @@ class ComponentLayout:
 
     def header(self) -> bytes:
         """The safetensors header: length prefix and JSON, padded so data starts aligned."""
-        entries: dict[str, Any] = {
-            slot.name: {
-                "dtype": DTYPE_NAMES[slot.dtype],
-                "shape": list(slot.shape),
-                "data_offsets": [slot.offset, slot.offset + slot.nbytes],
-            }
-            for slot in self.slots
-        }
-        entries["__metadata__"] = {SKELETON_KEY: json.dumps(self.skeleton, allow_nan=False)}
-        raw = json.dumps(entries, separators=(",", ":")).encode()
+        metadata = {SKELETON_KEY: json.dumps(self.skeleton, allow_nan=False)}
+        # The JSON object of the slots, then "__metadata__" last: the slots' part is the same
+        # for every save of a layout and encoded once (an L0 snapshot every step).
+        raw = (
+            _slots_json(self.slots)
+            + '"__metadata__":'
+            + json.dumps(metadata, separators=(",", ":"))
+            + "}"
+        ).encode()
         raw += b" " * (-(HEADER_LENGTH_BYTES + len(raw)) % HEADER_ALIGN)
         return len(raw).to_bytes(HEADER_LENGTH_BYTES, "little") + raw
 
     def signature(self) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
         """What must match for a host buffer laid out for this component to be reused."""
         return tuple((slot.name, slot.dtype, slot.shape) for slot in self.slots)
+
+
+@functools.lru_cache(maxsize=64)
+def _slots_json(slots: tuple[TensorSlot, ...]) -> str:
+    """The header's JSON up to its metadata: "{", then each slot's entry followed by ","."""
+    entries = {
+        slot.name: {
+            "dtype": DTYPE_NAMES[slot.dtype],
+            "shape": list(slot.shape),
+            "data_offsets": [slot.offset, slot.offset + slot.nbytes],
+        }
+        for slot in slots
+    }
+    if not entries:
+        return "{"
+    return json.dumps(entries, separators=(",", ":"))[:-1] + ","
 
 
 def layout_component(name: str, state: object) -> ComponentLayout:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard import gpu
-from trainguard.agent.verdicts import GpuSignals, RankSignals, Signals
+from trainguard.agent.verdicts import PHASE_CLOSED, GpuSignals, RankSignals, Signals
 from trainguard.ckpt import MANIFEST_FILENAME, parse_step_dirname
 from trainguard.contract.files import (
     RankFailure,
@@ -472,6 +472,7 @@ class Collector:
                     rank=rank,
                     pid=watch.pid,
                     alive=proc_state(watch.pid, self.proc) not in GONE,
+                    closed=watch.beat is not None and watch.beat.phase == PHASE_CLOSED,
                     step=watch.step,
                     seconds_since_step_advanced=now - watch.step_changed_at,
                 )

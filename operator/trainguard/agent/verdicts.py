@@ -52,6 +52,7 @@ DEAD = constants.Verdict.DEAD.value
 GHOST_MEMORY = constants.Verdict.GHOST_MEMORY.value
 IO_STUCK = constants.Verdict.IO_STUCK.value
 PHASE_TRAINING = "training"  # the harness heartbeat's phase between steps
+PHASE_CLOSED = "closed"  # ... once its session is closed, before the process ends
 UNKNOWN = "Unknown"  # nothing to judge yet (trainer not started); never in the API
 
 VERDICTS = (HEALTHY, SLOW, HUNG, DEAD, GHOST_MEMORY, IO_STUCK, UNKNOWN)
@@ -125,6 +126,12 @@ class RankSignals:
     alive: bool
     step: int | None = None
     seconds_since_step_advanced: float = 0.0
+    closed: bool = False  # its heartbeat says it closed its session: it ends on purpose
+
+    @property
+    def failed(self) -> bool:
+        """Gone without having closed its session: a death."""
+        return not self.alive and not self.closed
 
 
 @dataclass(frozen=True)
@@ -252,10 +259,20 @@ def _ranks_text(ranks: list[RankSignals]) -> str:
     return ", ".join(f"{r.rank} (pid {r.pid})" for r in ranks)
 
 
+def _failed_record(s: Signals) -> bool:
+    """The supervisor's record names a gone rank that ended badly (even after closing)."""
+    failure = s.rank_failure
+    gone = {r.pid for r in s.ranks if not r.alive}
+    return failure is not None and failure.pid in gone and bool(failure.signal or failure.exit_code)
+
+
 def _rank_death(s: Signals, evidence: dict[str, str]) -> Verdict:
     """Dead, naming the failed rank: the supervisor's record, else the ranks seen gone."""
-    gone = [r for r in s.ranks if not r.alive]
+    gone = [r for r in s.ranks if r.failed]
     failure = s.rank_failure
+    closed = {r.pid for r in s.ranks if r.closed and not r.alive}
+    if failure is not None and failure.pid in closed and not (failure.signal or failure.exit_code):
+        failure = None  # seen gone (status reaped) after closing its session: it ended
     watched = {r.pid for r in s.ranks}
     if failure is not None and (failure.pid in watched or not gone):
         named = {**evidence, "rank": str(failure.rank), "rank_pid": _fmt(failure.pid)}
@@ -351,7 +368,7 @@ def classify(s: Signals, t: Thresholds) -> Verdict:
         )
     if s.ranks:
         evidence["ranks"] = _fmt(len(s.ranks))
-        if not s.process_alive or any(not r.alive for r in s.ranks):
+        if not s.process_alive or any(r.failed for r in s.ranks) or _failed_record(s):
             return _rank_death(s, evidence)
     if not s.process_alive or s.process_state == "Z":
         return Verdict(DEAD, "trainer process absent", evidence)
