@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -105,6 +106,28 @@ def test_remove_partials_clears_leftovers_but_not_checkpoints_or_quarantine(
         "step-00000001",
     ]
     assert remove_partials(tmp_path / "absent") == ()
+
+
+def test_remove_partials_of_one_leftover_by_two_ranks_at_once_both_succeed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each rank of a restarted sharded launch clears the killed launch's partial save.
+
+    Another rank removes `rank-00000` just before this one does: gone already, no error.
+    """
+    leftover = CheckpointTransaction(tmp_path, 25)
+    for rank in (0, 1):
+        leftover.write_file(f"rank-0000{rank}/shard.distcp", b"half")
+    real_rmdir = os.rmdir
+
+    def removed_first_by_another(path: str, *args: object, **kwargs: object) -> None:
+        real_rmdir(path, *args, **kwargs)  # type: ignore[arg-type]
+        if path == "rank-00000":
+            raise FileNotFoundError(2, "No such file or directory", path)
+
+    monkeypatch.setattr(os, "rmdir", removed_first_by_another)
+    assert [p.name for p in remove_partials(tmp_path)] == [leftover.tmp_dir.name]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_checkpoints_the_caller_verified_are_not_hashed_again(

@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainguard.ckpt.layout import DELETING_PREFIX, TMP_PREFIX, fsync_path, hidden_name
 from trainguard.ckpt.verify import Verification, list_checkpoint_dirs, verify
@@ -77,9 +78,12 @@ def prune(
 def remove_partials(root: str | os.PathLike[str]) -> tuple[Path, ...]:
     """Remove the hidden leftovers of interrupted saves and removals; return what was removed.
 
-    Only for the single writer of a root, at its start: a leftover of a writer still running
-    would be removed under its feet. Quarantined `.invalid-` directories are not touched, nor
-    are pins (`.pin-`): they belong to the shipper, which may be uploading one (`pin`).
+    Only for the writers of a root at their start, before any of them saves: a leftover of a
+    writer still running would be removed under its feet. The ranks of one launch, each with a
+    writer on the same root, may remove the same leftovers at once: a file or directory another
+    removed first is gone already, which is what was wanted. Quarantined `.invalid-` directories
+    are not touched, nor are pins (`.pin-`): they belong to the shipper, which may be uploading
+    one (`pin`).
     """
     base = Path(root)
     if not base.is_dir():
@@ -87,6 +91,13 @@ def remove_partials(root: str | os.PathLike[str]) -> tuple[Path, ...]:
     removed = []
     for child in sorted(base.iterdir()):
         if child.name.startswith((TMP_PREFIX, DELETING_PREFIX)) and child.is_dir():
-            shutil.rmtree(child)
+            shutil.rmtree(child, onerror=_unless_gone_already)
             removed.append(child)
     return tuple(removed)
+
+
+def _unless_gone_already(function: object, path: str, excinfo: Any) -> None:
+    """`shutil.rmtree`'s error handler: re-raise, unless another process removed it first."""
+    del function, path
+    if not isinstance(excinfo[1], FileNotFoundError):
+        raise excinfo[1]
