@@ -335,7 +335,7 @@ def trainguard_spec(args: argparse.Namespace) -> dict[str, Any]:
     `backup` (a volume every node reaches) so a moved run restores there. Monitoring at the
     default 1 s; Hung after `--hang-after` s without a step (the default, 300 s, is for big
     models), or sooner after `--hang-after-step-times` x the trainer's slowest recent step
-    (at least 5 s), and Slow after half of `--hang-after` (it must come first); 5 s of
+    (at least 3 s), and Slow after half of `--hang-after` (it must come first); 5 s of
     start-up grace (the
     default, 900 s, covers compilation, which the tiny model has none of). Recovery: every
     failure of the schedule restarts (in place up to the default 3 times, then elsewhere); a

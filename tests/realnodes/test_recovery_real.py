@@ -250,8 +250,8 @@ def test_a_hang_is_found_by_a_multiple_of_the_slowest_step_on_a_real_node(
         return beat if beat and beat["pid"] != pid and beat.get("step") else None
 
     eventually(restarted, timeout=120, what="a new trainer after the hang")
-    # The bound's floor is 5 s; the look, the Lease and the operator's write add seconds.
-    assert 5 <= found_s < 60, found_s
+    # The bound's floor is 3 s; the look, the Lease and the operator's write add seconds.
+    assert 3 <= found_s < 60, found_s
     print(f"adaptive hang bound on a real node: Hung recorded {found_s:.1f} s after the freeze")
 
 

@@ -601,8 +601,8 @@ TRAINING = replace(ALIVE, phase="training", slowest_step_s=0.8)
     [
         (TRAINING, 7.9, HEALTHY),  # under 10 x 0.8 s
         (TRAINING, 8.0, HUNG),
-        (replace(TRAINING, slowest_step_s=0.1), 4.9, HEALTHY),  # 10 x 0.1 s, but at least 5 s
-        (replace(TRAINING, slowest_step_s=0.1), 5.0, HUNG),
+        (replace(TRAINING, slowest_step_s=0.1), 2.9, HEALTHY),  # 10 x 0.1 s, but at least 3 s
+        (replace(TRAINING, slowest_step_s=0.1), 3.0, HUNG),
         (replace(TRAINING, slowest_step_s=None), 200.0, HEALTHY),  # no step time yet
         (replace(TRAINING, phase="saving"), 200.0, HEALTHY),  # a save: hangAfterSeconds
         (replace(TRAINING, slowest_step_s=60.0), 299.0, HEALTHY),  # never past hangAfterSeconds
@@ -623,7 +623,7 @@ def test_hang_after_step_times_bounds_a_frozen_step_by_the_slowest_recent_one(
 def test_an_adaptive_hang_says_its_bound_and_where_it_came_from() -> None:
     verdict = classify(replace(TRAINING, seconds_since_step_advanced=9.0), ADAPTIVE)
     assert verdict.reason == (
-        "step frozen for 9s (bound 8.0s: 10 x the slowest recent step 0.80s, at least 5s)"
+        "step frozen for 9s (bound 8.0s: 10 x the slowest recent step 0.80s, at least 3s)"
     )
     # A slow agent's looks raise the floor: three looks.
     slow_looks = replace(ADAPTIVE, interval_s=4)
@@ -654,3 +654,39 @@ def test_the_monitor_field_reaches_the_thresholds() -> None:
     assert Thresholds.from_monitor(Monitor()).hang_after_step_times is None
     with pytest.raises(ValueError, match="greater than or equal to 2"):
         Monitor.model_validate({"hangAfterStepTimes": 1})
+
+
+def _report(pod: Pod, step: int, seconds_ago: float, phase: str = "training") -> None:
+    """The trainer's heartbeat: `step` reported `seconds_ago` on the node's clock."""
+    assert pod.process is not None
+    beat = {
+        "pid": pod.process.pid,
+        "step": step,
+        "time": time.time() - seconds_ago,
+        "phase": phase,
+        "slowest_step_s": 0.1,
+    }
+    pod.heartbeat.write_text(json.dumps(beat))
+
+
+@pytest.mark.timeout(30)
+def test_a_new_step_is_timed_from_the_loops_report_not_from_the_look_that_saw_it(
+    pod: Pod,
+) -> None:
+    pod.start()
+    pod.observe(0.0)
+    _report(pod, 11, seconds_ago=0.8)  # written a while before this look
+    assert pod.observe(5.0).seconds_since_step_advanced == pytest.approx(0.8, abs=0.1)
+    frozen = pod.observe(8.0)  # no step since: frozen from the report on, not from the look
+    assert frozen.seconds_since_step_advanced == pytest.approx(3.8, abs=0.1)
+    verdict = classify(frozen, ADAPTIVE)  # 10 x 0.1 s, at least 3 s
+    assert verdict.name == HUNG, verdict.reason
+    # A report older than a write interval and a look apart counts as that late, no later
+    # (a clock that is off cannot make a healthy step read frozen); one from the future, now.
+    _report(pod, 12, seconds_ago=30.0)
+    assert pod.observe(9.0).seconds_since_step_advanced == pytest.approx(2.0)
+    _report(pod, 13, seconds_ago=-30.0)
+    assert pod.observe(10.0).seconds_since_step_advanced == 0.0
+    # A restore is progress at every look, whatever its report's time.
+    _report(pod, 13, seconds_ago=30.0, phase="loading")
+    assert pod.observe(20.0).seconds_since_step_advanced == 0.0

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainguard.contract.files import read_json
+from trainguard.contract.files import HEARTBEAT_INTERVAL_S, read_json
 from trainguard.contract.findings import HEARTBEAT_FIELD
 
 LOG = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ PHASE_LOADING = "loading"
 PHASE_CLOSED = "closed"
 PHASES = (PHASE_TRAINING, PHASE_SAVING, PHASE_LOADING, PHASE_CLOSED)
 
-MIN_INTERVAL_S = 1.0
+MIN_INTERVAL_S = HEARTBEAT_INTERVAL_S
 
 
 def framework_memory() -> tuple[int | None, int | None]:

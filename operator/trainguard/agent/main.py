@@ -52,6 +52,7 @@ from trainguard.api import constants
 from trainguard.contract import env, reports
 from trainguard.contract.env import PodEnv
 from trainguard.contract.files import (
+    HEARTBEAT_INTERVAL_S,
     RESTORE_FILENAME,
     RestoreReport,
     read_restore_report,
@@ -212,6 +213,7 @@ class Agent:
             released_mib=self.thresholds.released_mib,
             supervisor_file=self.pod.supervisor_file,
             rank_heartbeats=self.pod.rank_heartbeats,
+            report_lag_s=HEARTBEAT_INTERVAL_S + self.interval,
         )
         self.verdict: Verdict | None = None
         self.killed_pid: int | None = None  # a hung trainer whose kill is confirmed

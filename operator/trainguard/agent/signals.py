@@ -352,6 +352,9 @@ class Collector:
     # How long to wait for the supervisor's record of the first failed rank when several ranks
     # are seen gone at one look (`_ranks`).
     record_wait_s: float = RANK_RECORD_WAIT_S
+    # How much older than the look a new step's heartbeat `time` may count: the harness writes
+    # its heartbeat at most once a second, the agent looks once an interval (`_reported_at`).
+    report_lag_s: float = 2.0
 
     def __post_init__(self) -> None:
         self.pid: int | None = None  # the trainer watched
@@ -393,8 +396,10 @@ class Collector:
             self.d_since = self.d_since if self.d_since is not None else now
         else:
             self.d_since = None
-        if beat is not None and (beat.step != self.step or beat.phase in PROGRESS_PHASES):
+        if beat is not None and beat.phase in PROGRESS_PHASES:
             self.step, self.step_changed_at = beat.step, now
+        elif beat is not None and beat.step != self.step:
+            self.step, self.step_changed_at = beat.step, self._reported_at(beat, now, wall_now)
         snapshot = gpu.read_published(self.gpu_file)
         self.last_gpu = snapshot
         self.gpu_fresh = (
@@ -408,7 +413,7 @@ class Collector:
         )
         fresh = snapshot if self.gpu_fresh else None
         held_s, left = self._held_since_death(now, running, fresh)
-        ranks = self._ranks(now)
+        ranks = self._ranks(now, wall_now)
         # The framework memory of every live rank, each on its GPU; else the main trainer's.
         if ranks:
             live = {r.pid for r in ranks if r.alive}
@@ -443,7 +448,19 @@ class Collector:
             rank_failure=self.rank_failure if ranks else None,
         )
 
-    def _ranks(self, now: float) -> tuple[RankSignals, ...]:
+    def _reported_at(self, beat: Heartbeat, now: float, wall_now: float) -> float:
+        """When the loop reported a newly seen step, on the agent's clock (`now`'s).
+
+        The heartbeat's `time` is when the loop last reported (the same node's wall clock), so
+        a step frozen since then is timed from its last report, not from the look that first
+        saw it, up to `report_lag_s` late (a write interval and a look apart). A time from the
+        future, or none, counts as now.
+        """
+        if beat.time is None:
+            return now
+        return now - min(max(0.0, wall_now - beat.time), self.report_lag_s)
+
+    def _ranks(self, now: float, wall_now: float) -> tuple[RankSignals, ...]:
         """Each rank's presence and step (module docstring); () in a one-rank pod.
 
         A rank is watched from its PID's publication until the supervisor publishes another
@@ -465,8 +482,11 @@ class Collector:
             )
             if beat is not None and beat.pid == watch.pid:
                 watch.beat = beat
-                if beat.step != watch.step or beat.phase in PROGRESS_PHASES:
+                if beat.phase in PROGRESS_PHASES:
                     watch.step, watch.step_changed_at = beat.step, now
+                elif beat.step != watch.step:
+                    watch.step = beat.step
+                    watch.step_changed_at = self._reported_at(beat, now, wall_now)
             signals.append(
                 RankSignals(
                     rank=rank,

@@ -301,8 +301,9 @@ def hang_bound(s: Signals, t: Thresholds) -> float:
 
     `hang_after_s`; with `hang_after_step_times`, while training with a known slowest recent
     step, that many of it if shorter, but never below `MIN_ADAPTIVE_HANG_SECONDS` or three
-    looks (the heartbeat is written once a second and read once a look, so a healthy step is
-    seen advancing that late). A save or a restore has no step time to go by. A trainer with
+    looks (a step is timed from the loop's report in the heartbeat, written once a second, so
+    a healthy step reads up to about a second old; the looks add their spacing). A save or a
+    restore has no step time to go by. A trainer with
     step times (five steps done) is past its start-up: the start-up grace no longer holds.
     """
     if not _adaptive(s, t):

@@ -53,12 +53,12 @@ DEFAULT_INTERVAL_SECONDS = 1
 DEFAULT_HANG_AFTER_SECONDS = 300
 DEFAULT_SLOW_AFTER_SECONDS = 120
 # monitor.hangAfterStepTimes: its range, the steps the harness takes its slowest from, and the
-# shortest bound it gives (the heartbeat is written once a second, the agent looks once an
-# interval: a healthy step is seen advancing up to about two seconds late).
+# shortest bound it gives (the agent times a step from the loop's report in the heartbeat,
+# written once a second: a healthy step reads about a second old at most, plus the step).
 MIN_HANG_STEP_TIMES = 2.0
 MAX_HANG_STEP_TIMES = 1000.0
 STEP_TIME_WINDOW = 100
-MIN_ADAPTIVE_HANG_SECONDS = 5
+MIN_ADAPTIVE_HANG_SECONDS = 3
 DEFAULT_STARTUP_GRACE_SECONDS = 900
 DEFAULT_IO_STUCK_AFTER_SECONDS = 60
 DEFAULT_LEASE_DURATION_SECONDS = 15

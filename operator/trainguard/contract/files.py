@@ -53,6 +53,9 @@ STACKS_FILENAME_PATTERN = "stacks-{pid}.txt"
 PREFLIGHT_FILENAME = "preflight.json"
 STAGING_FILENAME = "staging.json"
 RESTORE_FILENAME = "restore.json"
+# The harness writes a heartbeat at most this often (a changed record within it): how late a
+# reader may see the loop's last report.
+HEARTBEAT_INTERVAL_S = 1.0
 # Fields of `supervisor.json` its readers use: the state, and the PID of the process it runs
 # (set only while the state is running).
 SUPERVISOR_STATE = "state"
