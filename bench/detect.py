@@ -21,7 +21,7 @@ on a fresh namespace and creates one TrainingRun with `monitor.intervalSeconds: 
    - death -> next training step (the heartbeat of the restarted process shows a step);
    - the steps lost: the step the killed process had finished (the last line of its loss log,
      written every step) - the step the restarted process resumed from, and the layer it
-     resumed from: L0 (pod memory, a snapshot about every step) or L1 (every
+     resumed from: L0 (pod memory, a snapshot every step or two) or L1 (every
      `EVERY_STEPS` steps on disk);
    - the log-age baseline on the same death: the first watchdog poll at which the log's age,
      counted from its last write before the death, reaches T.

@@ -26,9 +26,11 @@ second writer keeps the last `L0_KEEP_LAST` checkpoints there, in the same verif
 a cadence of its own (hashed as written, not read back: see `verify_after_write` below; a
 resume verifies it): after a step, once the previous L0 persist is done, when a snapshot's
 stall (the least of the last `L0_STALL_SAMPLES`) is at most `L0_STALL_BUDGET` (1 %) of the
-loop's time since the last one, or at most `L0_STALL_FLOOR_S` (5 ms, the fixed cost of copying
-a small state tensor by tensor, which a step of seconds does not notice). So a small state is
-snapshotted every step, a large one as often as 1 % of the loop allows (3 GB at 0.26 s: one
+loop's time since the last one; and, whatever the budget says, every `L0_SMALL_EVERY_STEPS`
+(2) steps while it stalls at most `L0_STALL_FLOOR_S` (5 ms, the fixed cost of copying a small
+state tensor by tensor). So a small state is snapshotted every step of a second or more and
+every other step of a fast loop (a death loses at most the one step since, at half the cost
+of a snapshot every step), a large one as often as 1 % of the loop allows (3 GB at 0.26 s: one
 every 26 s); it never waits for a persist. L0 survives the trainer's death (the pod owns it),
 so `resume()` takes the newest checkpoint that verifies across L0 and L1 and a software death
 loses about one step. A resume that did not come from the checkpoint the restore step
@@ -93,8 +95,10 @@ MIN_STEP_TIMES = 5
 # L0's share of the loop's time: a snapshot is taken once the time since the last one is at
 # least its stall / this (1 %: 0.1 ms of stall for a 10 ms step allows one every step).
 L0_STALL_BUDGET = 0.01
-# A snapshot stalling at most this long is taken every step, whatever the step time.
+# A snapshot stalling at most this long is taken at least every L0_SMALL_EVERY_STEPS steps,
+# whatever the budget says: a death then loses at most the one step since the last snapshot.
 L0_STALL_FLOOR_S = 0.005
+L0_SMALL_EVERY_STEPS = 2
 # The stall a snapshot is expected to cost: the least of the last few. Other processes taking
 # the CPU mid-copy only ever lengthen a stall; on a busy node the median of the wall times
 # suspended L0 for seconds after one preempted copy (steps lost: median 3 instead of 1).
@@ -412,13 +416,20 @@ class TrainingSession:
             self._rate_start, self._rate_tokens = now, 0
         self.heartbeat.update(**fields)
 
-    def l0_due(self) -> bool:
-        """Whether L0 takes a snapshot now: its stall fits the budget, its writer is idle."""
+    def l0_due(self, step: int) -> bool:
+        """Whether L0 takes a snapshot after `step` (the cadence: the module docstring).
+
+        Its writer is idle, and its stall fits the budget, or it is small and
+        `L0_SMALL_EVERY_STEPS` steps have passed since the last snapshot.
+        """
         if self.l0_writer is None or self.l0_writer.busy:
             return False
         cost = min(self._l0_stalls, default=0.0)
-        budget = (time.monotonic() - self._l0_time) * L0_STALL_BUDGET
-        return cost <= max(L0_STALL_FLOOR_S, budget)
+        if cost <= (time.monotonic() - self._l0_time) * L0_STALL_BUDGET:
+            return True
+        last = self.last_l0_step
+        small = cost <= L0_STALL_FLOOR_S
+        return small and (last is None or step - last >= L0_SMALL_EVERY_STEPS or step < last)
 
     def save_l0(self, step: int, *, force: bool = False) -> SaveStats | None:
         """Snapshot into L0 when its cadence calls for it (or `force`, once its writer is idle).
@@ -426,7 +437,7 @@ class TrainingSession:
         A failed L0 persist is logged and costs only its cadence: L1 is the durable layer.
         """
         writer = self.l0_writer
-        if writer is None or not (force or self.l0_due()):
+        if writer is None or not (force or self.l0_due(step)):
             return None
         state = self.state()
         stats = self._l0(lambda writer: writer.save(step, state))

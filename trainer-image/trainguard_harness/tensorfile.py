@@ -96,7 +96,7 @@ class ComponentLayout:
         """The safetensors header: length prefix and JSON, padded so data starts aligned."""
         metadata = {SKELETON_KEY: json.dumps(self.skeleton, allow_nan=False)}
         # The JSON object of the slots, then "__metadata__" last: the slots' part is the same
-        # for every save of a layout and encoded once (an L0 snapshot every step).
+        # for every save of a layout and encoded once (an L0 snapshot every step or two).
         raw = (
             _slots_json(self.slots)
             + '"__metadata__":'

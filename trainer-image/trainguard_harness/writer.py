@@ -162,7 +162,7 @@ class CheckpointWriter:
         # Checkpoints this writer checked: read back in full, or (without `verify_after_write`)
         # hashed as it wrote them, the check its owner chose. Keep-last-N hashes them no more:
         # reading back every kept checkpoint after each save would cost more than the one
-        # read-back turned off (L0 in memory: twice its persist, at a snapshot every step).
+        # read-back turned off (L0 in memory: twice its persist, at a snapshot every step or two).
         self._verified: set[Path] = set()
         # Checkpoints found invalid (by keep-last-N, or a reader: `note_invalid`): never removed.
         self._invalid: set[Path] = set()
