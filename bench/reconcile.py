@@ -126,7 +126,8 @@ def measure(cluster: Cluster, runs: int, timeout: float) -> dict[str, Any]:
 
         def all_running() -> bool:
             items = rest.get(runs_path)["items"]
-            return sum(i.get("status", {}).get("phase") == "Running" for i in items) >= runs
+            running = sum(i.get("status", {}).get("phase") == "Running" for i in items)
+            return bool(running >= runs)
 
         running = wait_for(all_running, deadline, "every run to be Running")
         rss = peak_rss_mib(operator.pid)

@@ -33,6 +33,7 @@ stderr.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -57,12 +58,8 @@ from trainguard.api.constants import (
     SECRET_KEY_SSH_PRIVATE_KEY,
 )
 from trainguard.ckpt import find_newest_valid
-from trainguard.layers import (
-    Credentials,
-    Layer,
-    LayerConfig,
-    layer_secrets_env,
-)
+from trainguard.contract.env import layer_secrets_env
+from trainguard.layers import Credentials, Layer, LayerConfig
 from trainguard.layers.s3 import open_s3
 from trainguard.layers.ssh import open_ssh
 from trainguard_dev.testing.servers import S3_ACCESS_KEY, S3_SECRET_KEY, SeaweedFS, start_sshd
@@ -258,7 +255,7 @@ def upload_rates(layer_list: list[Layer], checkpoint: Path) -> dict[str, float]:
     size = sum(p.stat().st_size for p in checkpoint.iterdir())
     rates = {}
     for layer in layer_list:
-        seconds = timed(lambda layer=layer: layer.put(checkpoint))
+        seconds = timed(functools.partial(layer.put, checkpoint))
         rates[layer.config.name] = size / MB / seconds
         progress(f"upload {layer.config.name}: {size / MB:.0f} MB in {seconds:.2f}s")
     return rates

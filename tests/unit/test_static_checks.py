@@ -1,4 +1,4 @@
-"""The code base stays clean: ruff (lint and format), mypy --strict, import-linter layers."""
+"""The code base stays clean: ruff (lint, format), mypy --strict (bench too), import-linter."""
 
 from __future__ import annotations
 
@@ -35,4 +35,10 @@ def test_import_layers_hold() -> None:
 
 def test_mypy_strict_is_clean() -> None:
     result = _run(str(BIN / "mypy"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_strict_is_clean_on_the_benchmarks() -> None:
+    # Scripts, not a package: checked as files, with the same strict settings.
+    result = _run(str(BIN / "mypy"), "bench")
     assert result.returncode == 0, result.stdout + result.stderr
