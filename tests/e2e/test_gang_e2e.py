@@ -2,7 +2,9 @@
 
 Every member is placed on its own node with a stable name; a gang larger than its nodes is told
 as Unschedulable, taken down whole, then placed once nodes appear; a member whose node is lost,
-or whose agent finds ghost memory on its node, is replaced alone on another node.
+or whose agent finds ghost memory on its node, is replaced alone on another node. Each of those,
+and a rank failure a member's agent reports, is one gang restart: the operator records the next
+generation once and writes it on every member's Lease.
 
 kwok simulates the members' kubelets (no trainer runs): these scenarios prove what the operator
 does with the pods, the Service and the status, not a rendezvous (process-backed nodes share one
@@ -20,7 +22,14 @@ import pytest
 import yaml
 from operator_proc import POOL_LABEL, apply, condition, get_json, pods_of, pool_run
 
-from trainguard.api.constants import ANNOTATION_VERDICT, LABEL_MEMBER, Verdict
+from trainguard.api.constants import (
+    ANNOTATION_GANG_GENERATION,
+    ANNOTATION_VERDICT,
+    ANNOTATION_VERDICT_GENERATION,
+    ANNOTATION_VERDICT_SINCE,
+    LABEL_MEMBER,
+    Verdict,
+)
 from trainguard.operator.policies.lifecycle import GANG_RETRY_SECONDS, GANG_UNSCHEDULABLE_SECONDS
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.cluster.nodes import gpu_node
@@ -193,6 +202,40 @@ def member_1_replaced(
     return pods if again.get("status", {}).get("phase") == "Running" else None
 
 
+def gang_told(cluster: Cluster, namespace: str, run: str, members: int) -> list[str]:
+    """The generation written on each member's Lease, member by member ("" where none)."""
+    names = [f"{run}-heartbeat", *(f"{run}-heartbeat-{m}" for m in range(1, members))]
+    return [
+        (
+            get_json(cluster, "lease", name, "-n", namespace)["metadata"].get("annotations") or {}
+        ).get(ANNOTATION_GANG_GENERATION, "")
+        for name in names
+    ]
+
+
+def gang_restarts(cluster: Cluster, namespace: str, run: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in get_json(cluster, "events", "-n", namespace)["items"]
+        if e["involvedObject"]["name"] == run and e["reason"] == "GangRestart"
+    ]
+
+
+def assert_one_gang_restart(
+    cluster: Cluster, namespace: str, status: dict[str, Any], cause: str
+) -> None:
+    """Generation 1, caused by member 1, recorded once and told to both members."""
+    restart = status["gangRestart"]
+    assert (restart["generation"], restart["member"], restart["cause"]) == (1, 1, cause)
+    eventually(
+        lambda: gang_told(cluster, namespace, "pair", 2) == ["1", "1"],
+        30,
+        "generation 1 on both members' Leases",
+    )
+    (told,) = gang_restarts(cluster, namespace, "pair")
+    assert told["type"] == "Warning" and "generation 1" in told["message"]
+
+
 def test_a_member_whose_node_is_lost_is_replaced_alone_on_another_node(
     cluster: Cluster,
     namespace: str,
@@ -228,6 +271,8 @@ def test_a_member_whose_node_is_lost_is_replaced_alone_on_another_node(
     assert status["attempt"] == 1 and status["restarts"] == 1
     assert [e["node"] for e in status["excludedNodes"]] == [lost_node]
     assert status["excludedNodes"][0]["reason"] == "NodeLost"
+    # Member 0's ranks wait on a peer that will not answer: told to restart at once.
+    assert_one_gang_restart(cluster, namespace, status, "NodeLost")
     terms = pods["pair-1-1"]["spec"]["affinity"]["nodeAffinity"]
     fields = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert fields[0]["matchFields"][0]["values"] == [lost_node]
@@ -280,3 +325,64 @@ def test_a_member_whose_agent_finds_ghost_memory_is_moved_alone_off_its_node(
     assert Verdict.GHOST_MEMORY.value in reasons
     later = {p["metadata"]["name"]: p for p in pods_of(cluster, namespace, "pair")}
     assert later["pair-1-1"]["metadata"]["uid"] == pods["pair-1-1"]["metadata"]["uid"]
+    assert_one_gang_restart(cluster, namespace, status, Verdict.GHOST_MEMORY.value)
+
+
+def renew_as_agent(
+    cluster: Cluster, namespace: str, member: int, verdict: Verdict, generation: int
+) -> None:
+    """What member `member`'s agent writes (kwok runs no agent, so the renewal is written here)."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    name = "pair-heartbeat" if member == 0 else f"pair-heartbeat-{member}"
+    annotations = {
+        ANNOTATION_VERDICT: verdict.value,
+        ANNOTATION_VERDICT_SINCE: now,
+        ANNOTATION_VERDICT_GENERATION: str(generation),
+    }
+    cluster.kubectl(
+        "patch", "lease", name, "-n", namespace, "--type=merge", "-p",
+        json.dumps({
+            "metadata": {"annotations": annotations},
+            "spec": {"holderIdentity": f"pair-1-{member}", "renewTime": now},
+        }),
+    )  # fmt: skip
+
+
+def test_a_rank_failure_on_member_1_is_one_gang_restart_told_to_every_member(
+    cluster: Cluster,
+    namespace: str,
+    node_pool: str,
+    extra_node: str,
+    operator: OperatorProcess,
+) -> None:
+    first = pair_running_with_a_spare_node(cluster, namespace, node_pool, extra_node)
+    renew_as_agent(cluster, namespace, 0, Verdict.HEALTHY, 0)
+    # A rank of member 1 died in a launch of generation 0.
+    renew_as_agent(cluster, namespace, 1, Verdict.DEAD, 0)
+    status = eventually(
+        lambda: run_of(cluster, namespace, "pair").get("status", {}).get("gangRestart"),
+        30,
+        "a gang restart recorded",
+    )
+    assert (status["generation"], status["member"], status["cause"]) == (1, 1, "Dead")
+    eventually(
+        lambda: gang_told(cluster, namespace, "pair", 2) == ["1", "1"],
+        30,
+        "generation 1 on both members' Leases",
+    )
+    # Member 0's ranks then fail with the broken collective, a launch of generation 0 too:
+    # the same failure, ordered once.
+    renew_as_agent(cluster, namespace, 0, Verdict.DEAD, 0)
+    run = eventually(
+        lambda: (r := run_of(cluster, namespace, "pair"))["status"].get("verdict") == "Dead" and r,
+        30,
+        "member 0's Dead in the status",
+    )
+    assert run["status"]["gangRestart"]["generation"] == 1
+    assert [m.get("generation") for m in run["status"]["members"]] == [0, 0]
+    assert len(gang_restarts(cluster, namespace, "pair")) == 1
+    # No pod was replaced: the members restart their ranks in place.
+    pods = {
+        p["metadata"]["name"]: p["metadata"]["uid"] for p in pods_of(cluster, namespace, "pair")
+    }
+    assert pods == {name: pod["metadata"]["uid"] for name, pod in first.items()}

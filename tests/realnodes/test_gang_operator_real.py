@@ -19,6 +19,9 @@ One scenario, two failures (the gang's start-up is shared):
    1's pod and places its replacement on the other node (beside member 0, whose pod stays);
    member 0's ranks restart in place when the collective breaks, and all four ranks resume from
    one step.
+
+Each failure is one gang restart the operator records (`status.gangRestart`, generations 1 and
+2) and every member follows without restarting twice.
 """
 
 from __future__ import annotations
@@ -193,8 +196,17 @@ def interrupted_gang(
     # In place: the same two pods of attempt 1, each supervisor on its second launch.
     assert sorted(p["metadata"]["name"] for p in run_pods(cluster, run_name)) == names
     assert run_status(cluster, run_name)["attempt"] == 1
+    # One gang restart, recorded once by the operator and followed by both members: each
+    # supervisor launched its ranks twice, not three times (its own failure already made it run
+    # generation 1, so the order restarted nobody a second time).
+    restart = eventually(
+        lambda: run_status(cluster, run_name).get("gangRestart"), 30, "the gang restart recorded"
+    )
+    assert (restart["generation"], restart["cause"]) == (1, Verdict.DEAD.value), restart
     for state in states:
-        assert len((read_json(state / "supervisor.json") or {})["history"]) == 2
+        supervisor = read_json(state / "supervisor.json") or {}
+        assert len(supervisor["history"]) == 2
+        assert supervisor["gang_generation"] == 1
     failure = (read_json(states[1] / "supervisor.json") or {})["rank_failure"]
     assert (failure["rank"], failure["pid"], failure["signal"]) == (1, first[1], "SIGKILL")
     # Rank 0 alone saves, in member 0's L1: member 1's ranks resume from rank 0's copy.
@@ -302,6 +314,18 @@ def ghost_moves_member_1(
         assert int(steps["0"]) >= 2 * EVERY
         reasons = {e.get("reason") for e in run_events(cluster, run_name)}
         assert Verdict.GHOST_MEMORY.value in reasons, reasons
+        # The move was the gang's second restart, caused by member 1's node; member 0 ran its
+        # ranks once more for it, and the replacement started in generation 2 without a restart.
+        restart = run_status(cluster, run_name)["gangRestart"]
+        assert (restart["generation"], restart["member"], restart["cause"]) == (
+            2,
+            1,
+            Verdict.GHOST_MEMORY.value,
+        ), restart
+        supervisor_0 = read_json(states[0] / "supervisor.json") or {}
+        assert (len(supervisor_0["history"]), supervisor_0["gang_generation"]) == (3, 2)
+        supervisor_1 = read_json(state_1 / "supervisor.json") or {}
+        assert (supervisor_1["restarts"], supervisor_1["gang_generation"]) == (0, 2)
         print(
             f"ghost memory on {sick.name}: member 1 moved to {other}, "
             f"the gang resumed from step {steps['0']}"

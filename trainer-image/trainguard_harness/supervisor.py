@@ -25,7 +25,8 @@ Everything is recorded in a JSON state file next to the heartbeat (`supervisor.j
      "started_at": 1764720000.0, "updated_at": 1764720042.3,
      "history": [{"attempt": 1, "pid": 11, "started_at": 1764720000.1,
                   "ended_at": 1764720041.2, "exit_code": null, "signal": "SIGKILL",
-                  "reason": "killed by SIGKILL", "leftover_processes": 2}]}
+                  "reason": "killed by SIGKILL", "leftover_processes": 2}],
+     "gang_generation": null, "failed_generation": null, "last_gang_restart": null}
 
 `state` is one of running, backoff, stopping, completed, gave-up, terminated. `restarts`
 counts every restart; `restarts_without_progress` those since progress (bounded by
@@ -45,6 +46,32 @@ dies on any member fails the others' next collective, so every member's supervis
 its ranks in place, each under its own back-off, and they meet again at member 0. With one
 rank the command is started directly, exactly as without ranks, `rank_pids` is
 ``{"0": child_pid}`` and a death is rank 0's `rank_failure`.
+
+A gang's restart generation: the operator keeps one number for the gang (0 at first), raised
+each time the gang restarts, and orders it on every member's Lease; the pod's agent copies the
+order into `gang.json` next to the state file (`read_gang_order`), and a member's supervisor
+follows it (the fields stay null in a one-pod run, where nothing of this applies).
+`gang_generation` is the generation the running (or last) launch follows, `failed_generation`
+that of the last launch that ended without completing (a failure or an ordered stop):
+
+- the first launch follows the order in `gang.json`, or 0 while there is none;
+- after a launch of its own fails, the relaunch (after the usual back-off) follows the failed
+  launch's generation + 1, or the order if that is newer: the operator, told of the failure,
+  orders exactly that next generation, so its order does not restart the member a second time;
+- while a launch runs, `gang.json` is looked at every poll (re-read only when it changed). An
+  order newer than the launch's generation ends the launch at once (SIGKILL to the launcher's
+  group and every rank's) and relaunches on the ordered generation with no back-off: it is
+  not this member's failure, so it counts in `restarts` but not in
+  `restarts_without_progress` nor `backoff_restarts`, and records no `rank_failure`; it is
+  recorded as ``"last_gang_restart": {"generation": 2, "from": 1, "killed_at": ...}``.
+  Except the first order this supervisor ever reads: a member created after the gang
+  restarted (a replacement pod) learns from it where the gang is, and follows it without a
+  restart. A terminating supervisor (SIGTERM) ignores orders.
+
+Why: when a member's node vanishes, its peers' ranks do not fail, they block in their next
+collective and would only be ended by the hang bound; the operator's order ends them at once,
+and with one generation number that all members follow, no member restarts twice for one
+failure (its own failure and the order that follows it are the same restart).
 
 A restart of a Python trainer (the supervisor's own interpreter running a script or a module)
 takes a warm standby (`trainguard_harness.standby`): an interpreter started `--standby-delay`
@@ -93,11 +120,13 @@ from trainguard.ckpt import find_newest_valid
 from trainguard.contract import env
 from trainguard.contract.env import ContractError, PodEnv
 from trainguard.contract.files import (
+    GANG_FILENAME,
     GPU_FILENAME,
     KILL_REQUEST_FILENAME,
     LAUNCH_RESULT_FILENAME,
     SUPERVISOR_FILENAME,
     RankFailure,
+    read_gang_order,
     read_json,
     share_with_pod,
 )
@@ -176,6 +205,14 @@ class SupervisorState:
     rank_pids: dict[str, int] = field(default_factory=dict)
     # The first failed rank of the last launch that failed (`RankFailure.to_dict`).
     rank_failure: dict[str, Any] | None = None
+    # A gang member's: the restart generation the running (or last) launch follows, and the
+    # one of the last launch that ended without completing (a failure or an ordered stop).
+    # None in a one-pod run. The names are `SUPERVISOR_GANG_GENERATION` and
+    # `SUPERVISOR_FAILED_GENERATION` of the contract.
+    gang_generation: int | None = None
+    failed_generation: int | None = None
+    # The last launch ended because the gang restarted: {generation, from, killed_at}.
+    last_gang_restart: dict[str, Any] | None = None
 
     def write(self, path: Path) -> None:
         """Replace the state file atomically."""
@@ -315,6 +352,16 @@ class Supervisor:
         self._wake = threading.Event()
         self._first_gone: RankFailure | None = None  # the first rank seen gone in this launch
         self._gone_seen = False  # whether any rank of this launch was seen gone
+        # A gang member's restart generation (module docstring): the operator's order, as the
+        # agent copies it into `gang.json`; the newest one read (None: none ever was), the file
+        # as it was then (inode, mtime, size: it is re-read only when it changed), the
+        # generation the next launch follows at least, and the generation that ended the
+        # running launch (None while none did).
+        self.gang_file = state_file.with_name(GANG_FILENAME)
+        self._order: int | None = None
+        self._order_seen: tuple[int, int, int] | None = None
+        self._next_generation = 0
+        self._ordered: int | None = None
 
     def child_alive(self) -> bool:
         """True while a training process runs."""
@@ -362,6 +409,8 @@ class Supervisor:
         self.state.history.append(record)
         self.ranks = {} if multi else {0: child.pid}
         failure_before = self.state.rank_failure
+        if self.gang is not None:
+            self.state.gang_generation = max(self._next_generation, self._read_order() or 0)
         self._set(STATE_RUNNING, child_pid=child.pid, rank_pids=self._rank_pids())
         while True:
             try:
@@ -370,9 +419,13 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 if self._kill_at is not None and time.monotonic() >= self._kill_at:
                     self._kill_launch(child.pid)
+                if self._ordered is not None:
+                    continue  # killed for the gang: ranks seen gone now are no failure
                 if multi:
                     self._watch_ranks(child.pid)
                 self._answer_kill_request(child.pid)
+                if self.gang is not None:
+                    self._follow_order(child.pid)
                 if time.monotonic() - started >= self.standby_delay:
                     self._prepare_standby()
         # The session leader is gone; anything left in its group would hold GPU memory.
@@ -384,9 +437,11 @@ class Supervisor:
         record.ended_at = time.time()
         record.exit_code, record.signal, record.reason = describe(returncode)
         record.leftover_processes = len(leftovers)
-        if returncode != 0 and self.terminating is None:
+        if self._ordered is not None and returncode != 0:
+            record.reason = f"stopped: the gang restarts at generation {self._ordered}"
+        if returncode != 0 and self.terminating is None and self._ordered is None:
             self.state.rank_failure = self._failure(child.pid, record).to_dict()
-        else:  # an early record of a rank that finished, or stopped with the others
+        else:  # an early record of a rank that finished, stopped with the others or for the gang
             self.state.rank_failure = failure_before
         self.ranks = {}
         self.state.rank_pids = {}
@@ -485,6 +540,50 @@ class Supervisor:
             time.sleep(POLL_S / 2)
         return left
 
+    def _read_order(self) -> int | None:
+        """The newest generation `gang.json` ordered (None: none yet); re-read when it changed.
+
+        A stat per call: the agent replaces the file atomically (a new inode) at each change.
+        An order once read stands while the file is absent.
+        """
+        try:
+            stat = self.gang_file.stat()
+        except OSError:
+            return self._order
+        seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if seen != self._order_seen:
+            self._order_seen = seen
+            order = read_gang_order(self.gang_file)
+            if order is not None:
+                self._order = order
+        return self._order
+
+    def _follow_order(self, launcher_pid: int) -> None:
+        """Follow a newer generation the gang ordered while the launch runs (module docstring).
+
+        A supervisor's first order adopts the gang's generation without a restart (a member
+        created after the gang restarted); a later one ends the launch at once. A terminating
+        supervisor ignores orders.
+        """
+        if self.terminating is not None:
+            return
+        adopted = self._order is not None
+        order = self._read_order()
+        following = self.state.gang_generation or 0
+        if order is None or order <= following:
+            return
+        if not adopted:
+            self._set(STATE_RUNNING, gang_generation=order)
+            return
+        self._ordered = order
+        self._kill_launch(launcher_pid)
+        self.state.last_gang_restart = {
+            "generation": order,
+            "from": following,
+            "killed_at": time.time(),
+        }
+        self.state.write(self.state_file)
+
     def _answer_kill_request(self, pid: int) -> None:
         """Dump and kill the running child when the agent asks for it (module docstring)."""
         request = read_json(self.kill_request_file)
@@ -531,7 +630,7 @@ class Supervisor:
         if self.multi:
             become_subreaper()
         while True:
-            self._first_gone, self._gone_seen = None, False
+            self._first_gone, self._gone_seen, self._ordered = None, False, None
             returncode = self._run_once()
             if self.terminating is not None:
                 self._set(STATE_TERMINATED, child_pid=None)
@@ -539,6 +638,19 @@ class Supervisor:
             if returncode == 0:
                 self._set(STATE_COMPLETED, child_pid=None)
                 return 0
+            following = self.state.gang_generation
+            if self._ordered is not None:
+                # The gang restarts (not this member's failure): relaunch at once, on the
+                # generation ordered, with no back-off and nothing counted against progress.
+                self._next_generation = self._ordered
+                self.state.restarts += 1
+                self.state.failed_generation = following
+                continue
+            if following is not None:
+                # The operator, told of this failure, orders the next generation: the relaunch
+                # follows it already, so its order restarts nothing a second time.
+                self._next_generation = following + 1
+                self.state.failed_generation = following
             newest = newest_checkpoint(self.l1_dir)
             last = self.state.checkpoint_step
             progressed = newest is not None and (last is None or newest > last)

@@ -1,5 +1,8 @@
 """The pod agent's API access: renew the run's heartbeat Lease and create Events.
 
+A renewal answers with the Lease as stored, which carries what the operator tells the pod: a
+gang's restart generation.
+
 This is all the agent's Role allows (get/update its own Lease, create Events), so it is all
 this client does. Credentials: in-cluster service account, or ``KUBECONFIG`` where set (the
 local process-backed nodes hand each pod a token kubeconfig).
@@ -74,8 +77,12 @@ class AgentClient:
         self._coordination = client.CoordinationV1Api(self._api)
         self._core = client.CoreV1Api(self._api)
 
-    def renew(self, duration_s: int, annotations: dict[str, str]) -> None:
-        """Renew the Lease now, carrying the verdict and its evidence as annotations."""
+    def renew(self, duration_s: int, annotations: dict[str, str]) -> dict[str, str]:
+        """Renew the Lease now, carrying the verdict and its evidence as annotations.
+
+        Returns the Lease's annotations as stored, the operator's among them (a gang's restart
+        generation).
+        """
         now = datetime.now(UTC)
         body = {
             "metadata": {"annotations": annotations},
@@ -86,11 +93,13 @@ class AgentClient:
             },
         }
         try:
-            self._coordination.patch_namespaced_lease(
+            stored = self._coordination.patch_namespaced_lease(
                 self.lease_name, self.run.namespace, body, _request_timeout=self.timeout
             )
         except (ApiException, OSError) as err:
             raise AgentApiError(f"renewing Lease {self.lease_name}: {_brief(err)}") from err
+        metadata = getattr(stored, "metadata", None)
+        return dict(getattr(metadata, "annotations", None) or {})
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         """Create an Event on the TrainingRun."""

@@ -14,7 +14,10 @@ when a restarted trainer resumed from elsewhere, e.g. from L0) is a `Restored` E
 Lease's `trainguard.dev/restored`; the Lease also carries L0's newest checkpoint beside the
 remote layers' states. Every invalid checkpoint the restore step, the shipper or the harness
 found is a Warning Event `InvalidCheckpoint`, once, and the Lease carries how many per layer
-and the last one (`trainguard.agent.findings`). When the API is unreachable it keeps
+and the last one (`trainguard.agent.findings`). A gang member's agent also carries the restart
+generation its verdict is about (`trainguard.dev/verdict-generation`, from the supervisor's
+state) and hands the generation the operator orders on its Lease to the supervisor
+(`gang.json`: `trainguard.operator.policies.gang`). When the API is unreachable it keeps
 monitoring and retries with back-off: the agent never crash-loops.
 """
 
@@ -55,8 +58,10 @@ from trainguard.contract.files import (
     HEARTBEAT_INTERVAL_S,
     RESTORE_FILENAME,
     RestoreReport,
+    read_gang_generations,
     read_restore_report,
     share_with_pod,
+    write_gang_order,
 )
 from trainguard.contract.findings import Finding
 from trainguard.layers import LayerConfig, open_layer
@@ -226,6 +231,7 @@ class Agent:
         # The supervisor rewrites its state file the moment its child ends: the next look
         # follows at once, not at the next interval.
         self.wake = StateFileWake(self.pod.supervisor_file)
+        self.gang_generation: int | None = None  # the order last written to `gang.json`
 
     def note_restore(self) -> None:
         """Tell each restore record once it is there: the restore step's, then the harness's.
@@ -311,6 +317,19 @@ class Agent:
             self.pending_events.append(("HungTrainerNotKilled", message, True))
         self.report(verdict, force=True)
 
+    def verdict_generation(self, verdict: Verdict) -> int | None:
+        """A gang member's: the restart generation of the launch the verdict is about.
+
+        The failed launch's for Dead (the supervisor may run the next one already), the
+        running one's otherwise; None for a one-pod run or where the supervisor says none.
+        """
+        if self.pod.nnodes == 1:
+            return None
+        running, failed = read_gang_generations(self.pod.supervisor_file)
+        if verdict.name == DEAD and failed is not None:
+            return failed
+        return running
+
     def annotations(self, verdict: Verdict) -> dict[str, str]:
         """The Lease annotations for one renewal."""
         saved = newest_saved_step(self.pod.l1_dir)
@@ -329,6 +348,9 @@ class Agent:
             extra[ANNOTATION_INVALID_CHECKPOINTS] = invalid
         # The init steps' progress and results, for the run's status (live during staging).
         extra.update(reports.lease_annotations(self.pod.state_dir, self.pod.attempt))
+        generation = self.verdict_generation(verdict)
+        if generation is not None:
+            extra[constants.ANNOTATION_VERDICT_GENERATION] = str(generation)
         return {
             **extra,
             constants.ANNOTATION_VERDICT: verdict.name,
@@ -340,13 +362,32 @@ class Agent:
             constants.ANNOTATION_SAVED_STEP: "" if saved is None else str(saved),
         }
 
+    def follow_gang(self, stored: object) -> None:
+        """Hand the gang's restart generation the operator wrote on the Lease to the supervisor.
+
+        A gang member's only: `gang.json` (`PodEnv.gang_file`) is rewritten when the order
+        changes, and written at the first renewal (0 while the operator ordered none), so a
+        supervisor that reads none knows that this agent has not renewed yet.
+        """
+        if self.pod.nnodes == 1 or not isinstance(stored, dict):
+            return
+        text = stored.get(constants.ANNOTATION_GANG_GENERATION) or "0"
+        ordered = int(text) if str(text).isdigit() else None
+        if ordered is None or ordered == self.gang_generation:
+            return
+        write_gang_order(self.pod.gang_file, ordered)
+        if ordered:
+            log(f"gang restart generation {ordered}: every member restarts its ranks")
+        self.gang_generation = ordered
+
     def report(self, verdict: Verdict, force: bool) -> None:
         """Renew the Lease and send pending Events, backing off while the API is away."""
         now = time.monotonic()
         if now < self.next_api_try and not force:
             return
         try:
-            self.client.renew(self.lease_duration, self.annotations(verdict))
+            stored = self.client.renew(self.lease_duration, self.annotations(verdict))
+            self.follow_gang(stored)
             if self.shipper is not None:
                 self.shipper.acknowledge(self.reporting)
             while self.pending_events:

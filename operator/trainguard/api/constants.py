@@ -65,6 +65,11 @@ ANNOTATION_INVALID_CHECKPOINTS = f"{PREFIX}invalid-checkpoints"
 # When the agent's current verdict began (its clock, RFC 3339): a failure verdict with a new
 # start is a new failure, even when the operator never saw the Healthy in between.
 ANNOTATION_VERDICT_SINCE = f"{PREFIX}verdict-since"
+# A gang's restart generation: written by the operator on every member's Lease (the generation
+# every member's ranks must run), and by each member's agent (the generation its verdict is
+# about: the failed launch's for Dead, the running launch's otherwise). `policies/gang.py`.
+ANNOTATION_GANG_GENERATION = f"{PREFIX}gang-generation"
+ANNOTATION_VERDICT_GENERATION = f"{PREFIX}verdict-generation"
 # Hash of the spec a pod was built from: a changed hash means the pod is out of date.
 ANNOTATION_SPEC_HASH = f"{PREFIX}spec-hash"
 # On a node: why and when trainguard tainted it (the taint itself carries only the reason).
@@ -293,6 +298,8 @@ class Reason(StrEnum):
     FLUSH_TIMED_OUT = "FlushTimedOut"
     REPEATED_FAILURE_AT_STEP = "RepeatedFailureAtStep"
     MAX_RESTARTS_EXCEEDED = "MaxRestartsExceeded"
+    # A gang's members told to restart their ranks together (`status.gangRestart`).
+    GANG_RESTART = "GangRestart"
     # Checkpoints.
     CHECKPOINT_SAVED = "CheckpointSaved"
     CHECKPOINT_SHIPPED = "CheckpointShipped"

@@ -291,6 +291,28 @@ class Member(StatusModel):
     verdict: Verdict | None = Field(
         default=None, description="Its agent's latest verdict; none until it renews its Lease."
     )
+    generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="The gang restart generation its agent's verdict is about: its running "
+        "ranks', or for Dead the launch that failed; none until it renews its Lease.",
+    )
+
+
+class GangRestart(StatusModel):
+    """The last restart of a whole gang: the generation every member was told, and its cause."""
+
+    generation: int = Field(
+        ge=1,
+        description="The gang's restart generation: a member whose ranks run an older one "
+        "restarts them at once.",
+    )
+    member: int = Field(ge=0, lt=MAX_NODES, description="The member whose failure caused it.")
+    cause: ReasonText = Field(
+        description="Dead, Hung (a rank's), NodeLost, GhostMemory, IOStuck or PodFailed."
+    )
+    time: Timestamp = Field(description="When the operator ordered it.")
+    message: Message = Field(description="What happened, in one line.")
 
 
 class TrainingRunStatus(StatusModel):
@@ -373,6 +395,11 @@ class TrainingRunStatus(StatusModel):
         default=None,
         description="A gang whose members could not all be placed was deleted whole; its next "
         "attempt is not created before this time.",
+    )
+    gang_restart: GangRestart | None = Field(
+        default=None,
+        description="A gang's last restart of every member's ranks, ordered by the operator "
+        "(none before the first).",
     )
     last_failure: Failure | None = Field(default=None, description="The last failure.")
     last_restore: Restore | None = Field(

@@ -70,6 +70,7 @@ from trainguard.api.spec import (
     RemoteLayer,
 )
 from trainguard.contract.files import (
+    GANG_FILENAME,
     GPU_FILENAME,
     HEARTBEAT_FILENAME,
     KILL_REQUEST_FILENAME,
@@ -268,6 +269,11 @@ class PodEnv(BaseModel):
     def kill_request_file(self) -> Path:
         """Where the agent asks the supervisor to kill a hung trainer: next to the heartbeat."""
         return self.heartbeat.parent / KILL_REQUEST_FILENAME
+
+    @property
+    def gang_file(self) -> Path:
+        """Where the agent tells a gang member's supervisor the operator's restart generation."""
+        return self.heartbeat.parent / GANG_FILENAME
 
     def stacks_file(self, pid: int) -> Path:
         """Where the harness dumps the stacks of trainer process `pid` (in the state dir)."""

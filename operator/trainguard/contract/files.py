@@ -10,6 +10,7 @@ of the pod. What each file is, who writes it and who reads it:
 | `gpu.json` | the supervisor (`trainguard.gpu.publish`) | the agent (`gpu.read_published`) |
 | `supervisor.json` (next to the heartbeat) | the supervisor | the agent (`read_supervised_child`) |
 | `kill-request.json` (next to the heartbeat) | the agent, for a hung trainer | the supervisor |
+| `gang.json` (next to the heartbeat) | the agent, from its Lease | a gang member's supervisor |
 | `launch.json` (next to the heartbeat) | the rank launcher, when a rank failed | the supervisor |
 | `stacks-<pid>.txt` | the harness, on SIGUSR1 (faulthandler) | the agent, for the hang Event |
 | `preflight.json` | `trainguard preflight` | the agent (`trainguard.contract.reports`) |
@@ -22,6 +23,13 @@ one heartbeat (an older agent, `trainguard status`, a script) keeps working. The
 publishes the ranks' PIDs (`rank_pids`, the worker processes, not the launcher) and the first
 rank failure of the last launch (`rank_failure`) in `supervisor.json`; `read_rank_pids` and
 `read_rank_failure` are their readers. In a one-rank pod `rank_pids` is `{"0": child_pid}`.
+
+A gang's restart generation (`gang.json`, `GangOrder`) is the operator's: it writes the
+generation every member must run on each member's Lease, the agent copies it here at each
+renewal, and a member's supervisor restarts its ranks at once when its launch follows an older
+one (`trainguard_harness.supervisor`). The supervisor publishes the generation its launch
+follows (`gang_generation`) and the one of its last failed launch (`failed_generation`), which
+the agent carries back on the Lease (`read_gang_generations`).
 
 The heartbeat also carries the invalid checkpoints the harness found, and `restore.json` those
 the restore step found (`trainguard.contract.findings`).
@@ -47,6 +55,7 @@ HEARTBEAT_FILENAME = "heartbeat.json"
 GPU_FILENAME = "gpu.json"
 SUPERVISOR_FILENAME = "supervisor.json"
 KILL_REQUEST_FILENAME = "kill-request.json"
+GANG_FILENAME = "gang.json"
 RANK_HEARTBEAT_FILENAME_PATTERN = "heartbeat-{rank}.json"
 LAUNCH_RESULT_FILENAME = "launch.json"
 STACKS_FILENAME_PATTERN = "stacks-{pid}.txt"
@@ -65,6 +74,12 @@ SUPERVISOR_CHILD_PID = "child_pid"
 # first rank failure of the current or last launch (`RankFailure`, its fields below).
 SUPERVISOR_RANK_PIDS = "rank_pids"
 SUPERVISOR_RANK_FAILURE = "rank_failure"
+# The gang restart generation the running launch follows, and the one of the last launch that
+# failed (a gang member's; absent in a one-pod run).
+SUPERVISOR_GANG_GENERATION = "gang_generation"
+SUPERVISOR_FAILED_GENERATION = "failed_generation"
+# `gang.json`'s field: the generation the operator orders.
+GANG_GENERATION = "generation"
 RANK_FAILURE_RANK = "rank"
 RANK_FAILURE_PID = "pid"
 RANK_FAILURE_EXIT_CODE = "exit_code"
@@ -76,6 +91,7 @@ STATE_FILENAMES = (
     GPU_FILENAME,
     SUPERVISOR_FILENAME,
     KILL_REQUEST_FILENAME,
+    GANG_FILENAME,
     LAUNCH_RESULT_FILENAME,
     PREFLIGHT_FILENAME,
     STAGING_FILENAME,
@@ -161,6 +177,32 @@ def read_rank_pids(path: Path) -> dict[int, int]:
         if isinstance(rank, str) and rank.isdigit() and isinstance(pid, int) and pid > 0:
             ranks[int(rank)] = pid
     return ranks
+
+
+def write_gang_order(path: Path, generation: int) -> None:
+    """Write `gang.json`: the restart generation every member of the gang must run."""
+    write_json(path, {GANG_GENERATION: generation})
+
+
+def read_gang_order(path: Path) -> int | None:
+    """The generation `gang.json` orders; None before the agent wrote one (or not one)."""
+    data = read_json(path)
+    value = None if data is None else data.get(GANG_GENERATION)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def read_gang_generations(path: Path) -> tuple[int | None, int | None]:
+    """A gang member's generations from `supervisor.json`: (running launch's, last failed one's).
+
+    None for each it does not say (no supervisor, a one-pod run).
+    """
+    data = read_json(path) or {}
+
+    def generation(key: str) -> int | None:
+        value = data.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return generation(SUPERVISOR_GANG_GENERATION), generation(SUPERVISOR_FAILED_GENERATION)
 
 
 @dataclass(frozen=True)

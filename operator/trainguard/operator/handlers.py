@@ -14,8 +14,9 @@
   last renewed them.
 - `lease_changed` (any event of a heartbeat Lease): a cycle at once when the agent's verdict
   turns to a failure the status does not show yet, or when it carries an init step's report
-  (preflight result, staging progress) or an invalid checkpoint the status lacks; other
-  renewals wait for the resync.
+  (preflight result, staging progress) or an invalid checkpoint the status lacks, or when any
+  gang member's agent reports a rank failure that orders a gang restart (`policies.gang`);
+  other renewals wait for the resync.
 
 Cycles are `trainguard.operator.k8s.reconcile.reconcile`; they run in a thread pool through
 `asyncio.to_thread` (the Kubernetes client blocks), never two at a time for the same run.
@@ -53,7 +54,7 @@ from trainguard.operator.k8s.nodehealth import NodeChecks, health_pass
 from trainguard.operator.k8s.pods import pod_view
 from trainguard.operator.k8s.reconcile import Outcome, Settings, reconcile
 from trainguard.operator.metrics import METRICS
-from trainguard.operator.policies import findings, initsteps, signals
+from trainguard.operator.policies import findings, gang, initsteps, signals
 from trainguard.operator.policies.lifecycle import PodView
 from trainguard.operator.policies.signals import LeaseView
 
@@ -215,17 +216,21 @@ async def lease_changed(
 ) -> None:
     """A cycle of the run at once when the agent reports a failure the status does not show.
 
-    Also when it carries an init step's report or an invalid checkpoint the status lacks.
+    Also when it carries an init step's report or an invalid checkpoint the status lacks, and
+    when any gang member's agent reports a rank failure no gang restart covers yet.
     """
     key = (namespace, labels[LABEL_RUN])
     lease = lease_view(dict(body))
-    if lease.member:
-        return  # a gang member's other than 0: its verdict reaches the status at the resync
     for run in _indexed(kwargs, RUNS, key):
         status = memo.records.get(run["metadata"]["uid"]).last_status(run)
         name = run["metadata"]["name"]
+        # A rank failure on any member orders a gang restart at once; a member's other news
+        # (other than member 0's) reaches the status at the resync.
+        ordering = bool(gang.failing(name, status.attempt, [lease], gang.generation(status)))
+        if lease.member and not ordering:
+            continue
         news = initsteps.news(name, lease, status) or findings.news(name, lease, status)
-        if signals.urgent(lease, status) or news:
+        if ordering or signals.urgent(lease, status) or news:
             pods = _indexed(kwargs, RUN_PODS, key)
             leases = _indexed(kwargs, RUN_LEASES, key)
             await asyncio.to_thread(_cycle_logged, memo, run, pods, leases)

@@ -1,4 +1,8 @@
-"""A run's heartbeat Lease: what the operator reads from the agent's renewals."""
+"""A run's heartbeat Lease: what the operator reads from the agent's renewals.
+
+The one thing the operator writes there besides the Lease's existence is a gang's restart
+generation (`order_generation`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any
 
 from trainguard.api.constants import (
     ANNOTATION_EVIDENCE,
+    ANNOTATION_GANG_GENERATION,
     ANNOTATION_INVALID_CHECKPOINTS,
     ANNOTATION_LAYERS,
     ANNOTATION_PREFLIGHT,
@@ -16,11 +21,14 @@ from trainguard.api.constants import (
     ANNOTATION_STAGING,
     ANNOTATION_STEP,
     ANNOTATION_VERDICT,
+    ANNOTATION_VERDICT_GENERATION,
     ANNOTATION_VERDICT_SINCE,
     EVIDENCE_CAUSE,
     Verdict,
 )
+from trainguard.contract.env import lease_name
 from trainguard.operator.build.names import member_of
+from trainguard.operator.k8s.client import Kube, concurrently, object_path
 from trainguard.operator.policies.layers import parse_layers
 from trainguard.operator.policies.signals import NARROWED_CAUSES, LeaseView
 
@@ -73,4 +81,26 @@ def lease_view(lease: dict[str, Any]) -> LeaseView:
         invalid_checkpoints=str(annotations.get(ANNOTATION_INVALID_CHECKPOINTS) or ""),
         member=member_of(labels),
         restored=str(annotations.get(ANNOTATION_RESTORED) or ""),
+        ordered_generation=_count(annotations.get(ANNOTATION_GANG_GENERATION)),
+        generation=_count(annotations.get(ANNOTATION_VERDICT_GENERATION)),
     )
+
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def order_generation(
+    kube: Kube, namespace: str, run: str, members: list[int], generation: int
+) -> None:
+    """Write the gang's restart generation on these members' Leases (`policies.gang`).
+
+    A merge patch of one annotation: the agent's renewals (its own annotations, holder, renew
+    time) and the operator's applied fields are left as they are.
+    """
+    body = {"metadata": {"annotations": {ANNOTATION_GANG_GENERATION: str(generation)}}}
+
+    def patch(member: int) -> None:
+        path = object_path("coordination.k8s.io/v1", "leases", namespace, lease_name(run, member))
+        kube.request("PATCH", path, body, content_type=MERGE_PATCH)
+
+    concurrently(patch, members)

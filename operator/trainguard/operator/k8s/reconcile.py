@@ -45,6 +45,7 @@ from trainguard.operator.conditions import (
 from trainguard.operator.k8s import events
 from trainguard.operator.k8s.apply import apply, apply_all, apply_status
 from trainguard.operator.k8s.client import Kube, KubeError, concurrently
+from trainguard.operator.k8s.leases import order_generation
 from trainguard.operator.k8s.nodehealth import NodeChecks, report_node
 from trainguard.operator.k8s.nodes import node_ready
 from trainguard.operator.k8s.pods import delete_pod, list_pods, with_mount_failures
@@ -54,6 +55,7 @@ from trainguard.operator.policies import (
     failures,
     fencing,
     findings,
+    gang,
     initsteps,
     ladder,
     lifecycle,
@@ -147,14 +149,22 @@ def reconcile(
         run = run.model_copy(update={"status": recorded})
     desired = spec_hash(run.spec)
     now = datetime.now(UTC)
-    replaced, lost_events, pods = replace_lost(
+    replaced, lost_events, pods, gone = replace_lost(
         kube, run, pods, member_leases, now, settings.node_checks
     )
+    restart = gang.order(run, (*([] if lease is None else [lease]), *member_leases), gone, now)
+    if restart is not None:
+        # Recorded before any member is told it: an operator restarted in between tells them
+        # (`gang.unsent`) and never orders the same failure twice.
+        replaced = (replaced or run.status or old).model_copy(update={"gang_restart": restart})
+        lost_events.append(EventSpec(Reason.GANG_RESTART, restart.message, warning=True))
+        log.info("%s: %s", run.metadata.name, restart.message)
     if replaced is not None:
         # The node is excluded before the member's new pod, which avoids it, is created.
         apply_status(kube, run.metadata, replaced)
         old = replaced
         run = run.model_copy(update={"status": replaced})
+    tell_gang(kube, run, (*([] if lease is None else [lease]), *member_leases))
     decision = lifecycle.decide(run, pods, desired, now)
     if decision.create and ((decision.attempt or 0) > 1 or decision.replace):
         # The pods come from a watch, which can lag behind this operator's own writes under
@@ -210,6 +220,19 @@ def reconcile(
     return Outcome(status, retry_after=wait or None)
 
 
+def tell_gang(kube: Kube, run: TrainingRun, leases: tuple[LeaseView, ...]) -> None:
+    """Write the gang's restart generation on the Leases of members not told it yet."""
+    members = gang.unsent(run, leases)
+    if not members:
+        return
+    namespace, name = run.metadata.namespace or "", run.metadata.name or ""
+    try:
+        order_generation(kube, namespace, name, members, gang.generation(run.status))
+    except KubeError as err:
+        # Told again at the next cycle: the Leases' watch shows who has it.
+        log.warning("%s/%s: telling the gang its generation: %s", namespace, name, err)
+
+
 def replace_lost(
     kube: Kube,
     run: TrainingRun,
@@ -217,7 +240,7 @@ def replace_lost(
     member_leases: tuple[LeaseView, ...],
     now: datetime,
     node_checks: NodeChecks | None = None,
-) -> tuple[TrainingRunStatus | None, list[EventSpec], tuple[PodView, ...]]:
+) -> tuple[TrainingRunStatus | None, list[EventSpec], tuple[PodView, ...], list[gang.Replaced]]:
     """Gang members whose node is lost or sick: their node excluded, their pods deleted.
 
     Lost: a member's Lease expired (`lifecycle.lost_members`) and its node NotReady or gone; no
@@ -225,9 +248,10 @@ def replace_lost(
     node cause, ghost memory or stuck I/O (`lifecycle.sick_members`); the node is reported as
     the escalation ladder reports member 0's (`report_node`, per the taint policy) and the pod
     deleted gracefully, its trainer flushing as it would on any move. Returns the status with
-    the nodes excluded (None when no member is lost or sick), the Warning Events, and the pods
-    without those members, which the lifecycle then replaces on other nodes. Only those
-    members' nodes are excluded; the other members keep their pods.
+    the nodes excluded (None when no member is lost or sick), the Warning Events, the pods
+    without those members, which the lifecycle then replaces on other nodes, and the members
+    replaced (a gang restart: `policies.gang`). Only those members' nodes are excluded; the
+    other members keep their pods.
     """
     status = run.status or TrainingRunStatus()
     members = tuple(
@@ -237,7 +261,7 @@ def replace_lost(
     lost = [(p, Reason.NODE_LOST.value) for p in candidates if node_ready(kube, p.node) is not True]
     sick = [s for s in lifecycle.sick_members(members, member_leases) if s[0] not in candidates]
     if not lost and not sick:
-        return None, [], pods
+        return None, [], pods, []
     excluded = list(status.excluded_nodes)
     events = []
     reporter = f"run {run.metadata.namespace}/{run.metadata.name} (attempt {status.attempt})"
@@ -264,7 +288,8 @@ def replace_lost(
     # A sick member's pod is Terminating until its kubelet confirms: replaced once it is gone.
     leaving = [p for p, _ in sick]
     kept = tuple(replace(p, deleting=True) if p in leaving else p for p in pods if p not in forced)
-    return status.model_copy(update={"excluded_nodes": excluded}), events, kept
+    gone = [gang.Replaced(p.member or 0, cause, p.node) for p, cause in (*lost, *sick)]
+    return status.model_copy(update={"excluded_nodes": excluded}), events, kept, gone
 
 
 def escalate(
@@ -329,13 +354,18 @@ def _with_signals(
     observed = replace(observed, preflight=preflight, staging=staging)
     if observed.members:
         # Each member's verdict, from its own Lease once this attempt's agent renewed it.
+        held = (*member_leases, *([] if lease is None else [lease]))
         verdicts = {
-            held.member: held.verdict
-            for held in (*member_leases, *([] if lease is None else [lease]))
-            if held.member is not None and signals.renewed_by(held, run or "", observed.attempt)
+            view.member: view.verdict
+            for view in held
+            if view.member is not None and signals.renewed_by(view, run or "", observed.attempt)
         }
+        generations = gang.member_generations(run or "", observed.attempt, held)
         members = tuple(
-            m.model_copy(update={"verdict": verdicts.get(m.index)}) for m in observed.members
+            m.model_copy(
+                update={"verdict": verdicts.get(m.index), "generation": generations.get(m.index)}
+            )
+            for m in observed.members
         )
         observed = replace(observed, members=members)
     # Until the new pod's agent renews it, the Lease still speaks of the previous attempt.

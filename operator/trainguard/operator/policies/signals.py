@@ -47,6 +47,10 @@ class LeaseView:
     member: int | None = None
     # The pod's last restore record, as JSON (`policies.layers.parse_restore`).
     restored: str = ""
+    # A gang member's: the restart generation the operator ordered on this Lease, and the one
+    # the agent's verdict is about (`policies.gang`).
+    ordered_generation: int | None = None
+    generation: int | None = None
 
 
 def same_failure(last: datetime | None, since: datetime | None) -> bool:
