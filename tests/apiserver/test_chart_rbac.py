@@ -373,7 +373,6 @@ def test_only_the_runs_agent_and_the_operator_write_its_heartbeat(
     cluster: Cluster, install_mode: Install, operator_kubeconfig: Path, tmp_path: Path
 ) -> None:
     namespace, run = install_mode.runs, f"r{uuid.uuid4().hex[:6]}"
-    heartbeat = lease_name(run)
     leases = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["*"]}]
     # The run's agent: its ServiceAccount is named as the operator names it.
     agent = account_kubeconfig(cluster, namespace, rbac_name(run), leases, tmp_path)
@@ -381,27 +380,39 @@ def test_only_the_runs_agent_and_the_operator_write_its_heartbeat(
     tenant = account_kubeconfig(cluster, namespace, "tenant", leases, tmp_path)
     other = account_kubeconfig(cluster, namespace, rbac_name(f"{run}x"), leases, tmp_path)
 
-    created = as_operator(
-        cluster, operator_kubeconfig, "create", "-n", namespace, "-f", "-", body=lease(heartbeat)
-    )
-    assert created.returncode == 0, created.stderr
     forged = json.dumps({"metadata": {"annotations": {"trainguard.dev/verdict": "GhostMemory"}}})
-    for who in (tenant, other):
-        refused = as_operator(
-            cluster, who, "patch", "lease", heartbeat, "-n", namespace, "-p", forged
-        )
-        assert forbidden(refused), refused.stderr
-        assert f"only the agent of run {run}" in refused.stderr
-    # The admin of the cluster (the tests' own identity) is refused too: only the agent's word.
-    admin = cluster.kubectl("patch", "lease", heartbeat, "-n", namespace, "-p", forged, check=False)
-    assert admin.returncode != 0 and "only the agent of run" in admin.stderr
-    written = cluster.kubectl("get", "lease", heartbeat, "-n", namespace, "-o", "json").stdout
-    assert "GhostMemory" not in written
     renewed = json.dumps({"metadata": {"annotations": {"trainguard.dev/verdict": "Healthy"}}})
-    accepted = as_operator(
-        cluster, agent, "patch", "lease", heartbeat, "-n", namespace, "-p", renewed
-    )
-    assert accepted.returncode == 0, accepted.stderr
+    # The run's own Lease, and a gang member's (member 3 of a gang).
+    for heartbeat in (lease_name(run), lease_name(run, 3)):
+        created = as_operator(
+            cluster, operator_kubeconfig, "create", "-n", namespace, "-f", "-",
+            body=lease(heartbeat),
+        )  # fmt: skip
+        assert created.returncode == 0, created.stderr
+        for who in (tenant, other):
+            refused = as_operator(
+                cluster, who, "patch", "lease", heartbeat, "-n", namespace, "-p", forged
+            )
+            assert forbidden(refused), refused.stderr
+            assert f"only the agent of run {run} " in refused.stderr
+        # The admin of the cluster (the tests' own identity) is refused too: the agent's word.
+        admin = cluster.kubectl(
+            "patch", "lease", heartbeat, "-n", namespace, "-p", forged, check=False
+        )
+        assert admin.returncode != 0 and "only the agent of run" in admin.stderr
+        written = cluster.kubectl("get", "lease", heartbeat, "-n", namespace, "-o", "json").stdout
+        assert "GhostMemory" not in written
+        accepted = as_operator(
+            cluster, agent, "patch", "lease", heartbeat, "-n", namespace, "-p", renewed
+        )
+        assert accepted.returncode == 0, accepted.stderr
+        # The operator writes a gang's restart generation there.
+        told = json.dumps({"metadata": {"annotations": {"trainguard.dev/gang-generation": "2"}}})
+        ordered = as_operator(
+            cluster, operator_kubeconfig, "patch", "lease", heartbeat, "-n", namespace,
+            "--type=merge", "-p", told,
+        )  # fmt: skip
+        assert ordered.returncode == 0, ordered.stderr
     # Other Leases in the namespace are the tenant's business.
     own = as_operator(cluster, tenant, "create", "-n", namespace, "-f", "-", body=lease("mine"))
     assert own.returncode == 0, own.stderr

@@ -30,6 +30,7 @@ from trainguard.api.constants import (
     LABEL_MEMBER,
     Verdict,
 )
+from trainguard.operator.build.names import rbac_name
 from trainguard.operator.policies.lifecycle import GANG_RETRY_SECONDS, GANG_UNSCHEDULABLE_SECONDS
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.cluster.nodes import gpu_node
@@ -202,6 +203,15 @@ def member_1_replaced(
     return pods if again.get("status", {}).get("phase") == "Running" else None
 
 
+def as_agent(namespace: str, run: str) -> str:
+    """The kubectl option that writes as the run's agent.
+
+    Where the chart's admission policy is installed, only the agent's ServiceAccount (and the
+    operator) may write a heartbeat Lease.
+    """
+    return f"--as=system:serviceaccount:{namespace}:{rbac_name(run)}"
+
+
 def gang_told(cluster: Cluster, namespace: str, run: str, members: int) -> list[str]:
     """The generation written on each member's Lease, member by member ("" where none)."""
     names = [f"{run}-heartbeat", *(f"{run}-heartbeat-{m}" for m in range(1, members))]
@@ -249,7 +259,8 @@ def test_a_member_whose_node_is_lost_is_replaced_alone_on_another_node(
     # no agent (kwok runs none, so the renewal is written here as the agent writes it).
     renewed = (datetime.now(UTC) - timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     cluster.kubectl(
-        "patch", "lease", "pair-heartbeat-1", "-n", namespace, "--type=merge", "-p",
+        as_agent(namespace, "pair"), "patch", "lease", "pair-heartbeat-1", "-n", namespace,
+        "--type=merge", "-p",
         json.dumps({"spec": {"holderIdentity": "pair-1-1", "renewTime": renewed}}),
     )  # fmt: skip
     cluster.kubectl("delete", "node", lost_node)
@@ -292,7 +303,8 @@ def test_a_member_whose_agent_finds_ghost_memory_is_moved_alone_off_its_node(
     # Lease (kwok runs no agent, so the renewal is written here as the agent writes it).
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     cluster.kubectl(
-        "patch", "lease", "pair-heartbeat-1", "-n", namespace, "--type=merge", "-p",
+        as_agent(namespace, "pair"), "patch", "lease", "pair-heartbeat-1", "-n", namespace,
+        "--type=merge", "-p",
         json.dumps({
             "metadata": {"annotations": {ANNOTATION_VERDICT: Verdict.GHOST_MEMORY.value}},
             "spec": {"holderIdentity": "pair-1-1", "renewTime": now},
@@ -340,7 +352,7 @@ def renew_as_agent(
         ANNOTATION_VERDICT_GENERATION: str(generation),
     }
     cluster.kubectl(
-        "patch", "lease", name, "-n", namespace, "--type=merge", "-p",
+        as_agent(namespace, "pair"), "patch", "lease", name, "-n", namespace, "--type=merge", "-p",
         json.dumps({
             "metadata": {"annotations": annotations},
             "spec": {"holderIdentity": f"pair-1-{member}", "renewTime": now},

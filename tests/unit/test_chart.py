@@ -264,8 +264,16 @@ def test_optional_objects_only_when_enabled(default: list[Obj]) -> None:
 def test_heartbeat_policy_names_the_runs_agent_as_the_operator_names_it(default: list[Obj]) -> None:
     policy = only(default, "ValidatingAdmissionPolicy", f"{FULLNAME}-heartbeats")
     text = json.dumps(policy["spec"])
-    # The names the operator gives a run's Lease and its agent's ServiceAccount.
-    assert f"endsWith('{lease_name('')}')" in text
+    # The names the operator gives a run's Lease (a gang member's too) and its agent's
+    # ServiceAccount.
+    (condition,) = policy["spec"]["matchConditions"]
+    pattern = re.search(r"matches\('([^']+)'\)", condition["expression"])
+    assert pattern is not None, condition
+    for name in (lease_name("llm"), lease_name("llm", 3), lease_name("x-heartbeat", 12)):
+        assert re.search(pattern.group(1), name), name
+    for other in ("llm", "llm-heartbeats", "llm-heartbeat-x", "heartbeat-llm"):
+        assert not re.search(pattern.group(1), other), other
+    assert "lastIndexOf('-heartbeat')" in text
     assert f"'{rbac_name('')}'" in text
     operator = f"system:serviceaccount:{NAMESPACE}:{FULLNAME}"
     assert f"'{operator}'" in text
