@@ -276,3 +276,77 @@ def test_a_one_pod_run_has_no_generation_and_ignores_gang_json(tmp_path: Path) -
     assert state["state"] == "completed" and state["restarts"] == 1
     assert state["gang_generation"] is None and state["failed_generation"] is None
     assert state["last_gang_restart"] is None
+
+
+# Two ranks per launch (LOCAL_RANK): in the first launch rank 0 exits 3 after 2 s while rank 1
+# ignores the SIGTERM the launcher sends the others, so the launcher takes its time to end the
+# launch; later launches wait for `finish`.
+TWO_RANKS = """
+import os, signal, sys, time
+out, rank = sys.argv[1], os.environ["LOCAL_RANK"]
+marker = os.path.join(out, f"launches-{rank}")
+launch = int(open(marker).read()) + 1 if os.path.exists(marker) else 1
+open(marker, "w").write(str(launch))
+open(os.path.join(out, f"rank-{rank}-{launch}"), "w").write(f"{os.getpid()}\\n")
+if launch == 1 and rank == "0":
+    time.sleep(2)  # seen running first, then gone alone
+    sys.exit(3)
+if launch == 1:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+while not os.path.exists(os.path.join(out, "finish")):
+    time.sleep(0.05)
+"""
+
+
+def test_an_order_while_a_failed_launch_winds_down_keeps_the_members_own_failure(
+    tmp_path: Path, members: list[Member]
+) -> None:
+    # The operator, told of this member's failure, orders the next generation while the
+    # launcher is still ending the launch's other rank: the failure stays this member's.
+    member = Member(tmp_path, "", order=0, backoff=0.05)
+    member.kill()
+    settings = {
+        "command": [sys.executable, "-c", TWO_RANKS, str(tmp_path)],
+        "state_file": str(member.state_file),
+        "backoff": 0.05,
+        "grace": 30.0,
+        "l1": str(tmp_path / "l1"),
+        "port": free_port(),
+    }
+    script = MEMBER.replace("gang=Gang(", "procs_per_node=2, gang=Gang(")
+    member.log = (tmp_path / "output.log").open("w")
+    member.process = subprocess.Popen(
+        [sys.executable, "-c", script, json.dumps(settings)],
+        stdout=member.log,
+        stderr=subprocess.STDOUT,
+    )
+    members.append(member)
+    eventually(
+        lambda: (tmp_path / "rank-0-1").exists() and (tmp_path / "rank-1-1").exists(),
+        START_S,
+        "the first launch's two ranks",
+        0.05,
+    )
+    eventually(
+        lambda: (
+            (state := member.state())["state"] == "running"
+            and (state.get("rank_failure") or {}).get("exit_code") == 3
+        ),
+        START_S,
+        "rank 0's failure seen while rank 1 lingers",
+        0.05,
+    )
+    write_gang_order(member.gang_file, 1)
+    eventually(
+        lambda: (tmp_path / "rank-0-2").exists() and (tmp_path / "rank-1-2").exists(),
+        START_S + 30,
+        "the relaunch",
+        0.1,
+    )
+    eventually(lambda: member.state()["attempt"] == 2, 10, "the relaunch published", 0.05)
+    state = member.state()
+    assert state["last_gang_restart"] is None, state  # no ordered stop: its own failure
+    assert (state["rank_failure"]["rank"], state["rank_failure"]["exit_code"]) == (0, 3)
+    assert (state["gang_generation"], state["failed_generation"]) == (1, 0)
+    assert state["restarts"] == 1 and state["restarts_without_progress"] == 1
+    assert member.finish() == 0

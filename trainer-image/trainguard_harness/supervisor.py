@@ -66,7 +66,10 @@ that of the last launch that ended without completing (a failure or an ordered s
   recorded as ``"last_gang_restart": {"generation": 2, "from": 1, "killed_at": ...}``.
   Except the first order this supervisor ever reads: a member created after the gang
   restarted (a replacement pod) learns from it where the gang is, and follows it without a
-  restart. A terminating supervisor (SIGTERM) ignores orders.
+  restart. And a launch with a rank gone already is left to end on its own: the launcher is
+  ending it, the order is most likely about that very failure, and the failure stays this
+  member's (its `rank_failure` recorded, its relaunch on the next generation). A terminating
+  supervisor (SIGTERM) ignores orders.
 
 Why: when a member's node vanishes, its peers' ranks do not fail, they block in their next
 collective and would only be ended by the hang bound; the operator's order ends them at once,
@@ -562,8 +565,9 @@ class Supervisor:
         """Follow a newer generation the gang ordered while the launch runs (module docstring).
 
         A supervisor's first order adopts the gang's generation without a restart (a member
-        created after the gang restarted); a later one ends the launch at once. A terminating
-        supervisor ignores orders.
+        created after the gang restarted); a later one ends the launch at once, unless a rank of
+        it is gone already (the launcher is ending it: its own failure, recorded as one). A
+        terminating supervisor ignores orders.
         """
         if self.terminating is not None:
             return
@@ -574,6 +578,11 @@ class Supervisor:
             return
         if not adopted:
             self._set(STATE_RUNNING, gang_generation=order)
+            return
+        if self._gone_seen:
+            # A rank of this launch is gone already: the launch is failing on its own (the
+            # order is most likely about that very failure). Its end is this member's failure,
+            # recorded as such, and its relaunch runs the next generation anyway.
             return
         self._ordered = order
         self._kill_launch(launcher_pid)
