@@ -58,6 +58,12 @@ CLEANUP_SECONDS = 600.0
 POLL_SECONDS = 1.0  # a list of a thousand pods is itself work for the apiserver
 # The operator's resync: how soon an expired member Lease (no watch event tells it) is seen.
 RESYNC_SECONDS = 2.0
+# The kwok nodes' Lease and the node controller's grace, in the benchmark's own cluster: kwok
+# renews a thousand nodes' Leases from the same two cores the control plane, the operator and
+# the benchmark run on, and late renewals under that load would read as nodes going NotReady
+# (tainted, so members the scheduler tries then wait out its back-off). Real kubelets renew
+# from their own machines. The replacement below deletes a Node, which no grace delays.
+NODE_LEASE_SECONDS = 120
 # A member's agent renewed its Lease this long before its node was lost: well past expiry.
 LOST_RENEWAL_AGO = timedelta(minutes=1)
 
@@ -111,7 +117,11 @@ def add_nodes(rest: Rest, names: list[str], pool: str) -> None:
 
 
 def nodes_ready(rest: Rest, pool: str, count: int) -> bool:
-    """Whether the pool's `count` nodes are all Ready (one list, not one wait per node)."""
+    """Whether the pool's `count` nodes are all Ready and untainted (one list, not one per node).
+
+    The node controller removes a new node's not-ready taint a moment after Ready, and a member
+    the scheduler tried before that waits out its back-off.
+    """
     items = rest.get(f"/api/v1/nodes?labelSelector={POOL_LABEL}={pool}")["items"]
     ready = [
         n
@@ -120,6 +130,7 @@ def nodes_ready(rest: Rest, pool: str, count: int) -> bool:
             c["type"] == "Ready" and c["status"] == "True"
             for c in n.get("status", {}).get("conditions", [])
         )
+        and not n.get("spec", {}).get("taints")
     ]
     return len(ready) == count
 
@@ -249,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its JSON report."""
     args = parse_args(argv)
     own = args.cluster is None
-    cluster = Cluster(args.cluster or f"bench-{uuid.uuid4().hex[:6]}")
+    cluster = Cluster(
+        args.cluster or f"bench-{uuid.uuid4().hex[:6]}", node_lease_seconds=NODE_LEASE_SECONDS
+    )
     if own:
         log(f"starting cluster {cluster.name}")
         cluster.up(nodes=0)

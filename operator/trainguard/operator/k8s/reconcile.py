@@ -164,7 +164,6 @@ def reconcile(
         apply_status(kube, run.metadata, replaced)
         old = replaced
         run = run.model_copy(update={"status": replaced})
-    tell_gang(kube, run, (*([] if lease is None else [lease]), *member_leases))
     decision = lifecycle.decide(run, pods, desired, now)
     if decision.create and ((decision.attempt or 0) > 1 or decision.replace):
         # The pods come from a watch, which can lag behind this operator's own writes under
@@ -190,6 +189,8 @@ def reconcile(
             old = fenced
             run = run.model_copy(update={"status": fenced})
     converge(kube, run, decision, placement, settings, full)
+    # After the replacement's pod exists: telling a thousand members takes seconds.
+    tell_gang(kube, run, (*([] if lease is None else [lease]), *member_leases))
     state = lifecycle.state(run, decision, placement)
     if decision.retry_time is not None and not decision.create:
         # A gang waiting for nodes: a cycle is booked for when it is tried again.
