@@ -145,6 +145,14 @@ class Gang:
     def beat(self, member: int, rank: int) -> dict[str, Any] | None:
         return read_json(self.pods[member].rank_heartbeat(rank))
 
+    def training(self, ranks: list[dict[int, int]]) -> bool:
+        """Whether every rank of these launches (member -> rank -> PID) has written a step."""
+        return all(
+            (beat := self.beat(m, r)) is not None and beat[hb.PID] == ranks[m][r] and beat[hb.STEP]
+            for m in range(MEMBERS)
+            for r in range(RANKS)
+        )
+
     def finish(self) -> None:
         try:
             for process in self.members:
@@ -245,16 +253,7 @@ def test_a_gang_of_two_members_resumes_together_from_one_step_after_a_rank_dies(
         failure = read_rank_failure(gang.pods[1].supervisor_file)
         assert failure == RankFailure(rank=1, pid=first[1], signal="SIGKILL")
 
-        def advancing() -> bool:
-            return all(
-                (beat := gang.beat(m, r)) is not None
-                and beat[hb.PID] == second[m][r]
-                and beat[hb.STEP]
-                for m in range(MEMBERS)
-                for r in range(RANKS)
-            )
-
-        eventually(advancing, START_S, "every restarted rank training", 0.05)
+        eventually(lambda: gang.training(second), START_S, "every restarted rank training", 0.05)
         gang.finish()
     finally:
         gang.kill()
@@ -338,16 +337,7 @@ def test_a_member_blocked_by_a_vanished_peer_restarts_at_once_on_the_gangs_order
         second = eventually(relaunched, START_S, "both members' ranks running", 0.05)
         assert not set(second[0].values()) & set(before.values())
 
-        def advancing() -> bool:
-            return all(
-                (beat := gang.beat(m, r)) is not None
-                and beat[hb.PID] == second[m][r]
-                and beat[hb.STEP]
-                for m in range(MEMBERS)
-                for r in range(RANKS)
-            )
-
-        eventually(advancing, START_S, "every relaunched rank training", 0.05)
+        eventually(lambda: gang.training(second), START_S, "every relaunched rank training", 0.05)
         gang.finish()
     finally:
         gang.kill()
