@@ -173,3 +173,53 @@ def test_a_killed_hung_trainer_seen_stepping_before_it_is_gone_stays_one_hang(
     assert api.renewals[-1][constants.ANNOTATION_VERDICT_SINCE] != since
     told = [e[0] for e in api.events if e[0].startswith("Verdict")]
     assert told == ["VerdictHung", "VerdictHung"], told
+
+
+DEEP_WORKER = """
+import os, signal, sys, threading, time
+from trainguard_harness.stackdump import install_stack_dumps
+
+def busy_saver():
+    # Deep frames, as a checkpoint persist in flight has: they fill an Event on their own.
+    def level(n):
+        if n == 0:
+            while True:
+                time.sleep(0.01)
+        level(n - 1)
+    level(40)
+
+def training_loop():
+    open(sys.argv[2], "w").close()
+    while True:
+        time.sleep(0.01)
+
+install_stack_dumps(sys.argv[1])
+threading.Thread(target=busy_saver, daemon=True).start()
+# The dump signal lands on the saver: the main thread blocks it, as a thread in C code can.
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+training_loop()
+"""
+
+
+def test_the_main_threads_frames_lead_the_event_whichever_thread_took_the_dump_signal(
+    tmp_path: Path,
+) -> None:
+    from trainguard.agent.main import shorten_dump
+
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", DEEP_WORKER, str(tmp_path), str(ready)])
+    try:
+        eventually(ready.exists, 20, "the trainer in its loop")
+        os.kill(proc.pid, signal.SIGUSR1)
+        dump_file = env.PodEnv(state_dir=tmp_path).stacks_file(proc.pid)
+        eventually(lambda: "training_loop" in dump_file.read_text(), 10, "the dump")
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    dump = dump_file.read_text()
+    # The real dump: the saver took the signal and is "Current thread", first in the file.
+    assert dump.startswith("Current thread") and "busy_saver" in dump.split("\n\n")[0], dump
+    event = shorten_dump(dump)
+    assert len(event.encode()) <= 900 and event.endswith("(truncated) ...\n"), event
+    first = event.split("\n\n")[0]
+    assert "training_loop" in first and "in <module>" in first, event

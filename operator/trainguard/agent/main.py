@@ -141,10 +141,14 @@ def _frame_path(match: re.Match[str]) -> str:
     return 'File "' + ("/".join(["...", *parts[-2:]]) if len(parts) > 3 else match.group(1)) + '"'
 
 
-def _is_main(block: str) -> bool:
-    # faulthandler marks the thread that took the signal "Current thread" only when it knows
-    # it; the main thread is also the one whose outermost frame runs a module.
-    return block.startswith("Current thread") or "in <module>" in block
+def _runs_module(block: str) -> bool:
+    # The main thread is the one whose outermost frame runs a module. faulthandler's "Current
+    # thread" is only the thread the dump signal landed on: any thread, a saver's as often.
+    return "in <module>" in block
+
+
+def _is_current(block: str) -> bool:
+    return block.startswith("Current thread")
 
 
 def _is_library(block: str) -> bool:
@@ -160,7 +164,7 @@ def shorten_dump(dump: str) -> str:
     code outside the standard library, then the rest; file paths keep their last two parts.
     """
     blocks = [b.strip("\n") for b in dump.split("\n\n") if b.strip()]
-    blocks.sort(key=lambda b: (not _is_main(b), _is_library(b)))
+    blocks.sort(key=lambda b: (not _runs_module(b), _is_library(b), not _is_current(b)))
     text = "\n\n".join(FRAME_FILE.sub(_frame_path, b) for b in blocks) + "\n"
     data = text.encode()
     if len(data) <= STACK_EVENT_BYTES:
