@@ -31,9 +31,10 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -55,7 +56,8 @@ NODE_GPUS = 8  # each member asks for all of them: one member per node
 RUN = "gang"
 CREATE_THREADS = 8
 CLEANUP_SECONDS = 600.0
-POLL_SECONDS = 1.0  # a list of a thousand pods is itself work for the apiserver
+POLL_SECONDS = 1.0  # the nodes' readiness and the run's status (the pods are watched)
+WATCH_SECONDS = 300
 # The operator's resync: how soon an expired member Lease (no watch event tells it) is seen.
 RESYNC_SECONDS = 2.0
 # The kwok nodes' Lease and the node controller's grace, in the benchmark's own cluster: kwok
@@ -64,6 +66,9 @@ RESYNC_SECONDS = 2.0
 # (tainted, so members the scheduler tries then wait out its back-off). Real kubelets renew
 # from their own machines. The replacement below deletes a Node, which no grace delays.
 NODE_LEASE_SECONDS = 120
+# kwok plays a thousand kubelets, one queue of stage changes (4 at once by default): real
+# kubelets start their pods in parallel, each on its own node.
+KWOK_PARALLELISM = 64
 # A member's agent renewed its Lease this long before its node was lost: well past expiry.
 LOST_RENEWAL_AGO = timedelta(minutes=1)
 
@@ -135,11 +140,75 @@ def nodes_ready(rest: Rest, pool: str, count: int) -> bool:
     return len(ready) == count
 
 
-def members_running(rest: Rest, pods_path: str, members: int) -> dict[str, Any] | None:
-    """The run's pods by name once every member is Running, else None."""
-    pods = {p["metadata"]["name"]: p for p in rest.get(pods_path)["items"]}
-    running = [p for p in pods.values() if p.get("status", {}).get("phase") == "Running"]
-    return pods if len(running) == members and len(pods) == members else None
+class Members:
+    """The gang's pods as one watch sees them, and when a condition on them first held.
+
+    A list of a thousand pods a second would itself load the apiserver the figures come from;
+    a watch costs it one event per change, and times each change as it arrives.
+    """
+
+    def __init__(self, rest: Rest, pods_path: str) -> None:
+        self.rest = rest
+        self.path = pods_path
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.changed = threading.Condition()
+        self.error: BaseException | None = None
+        self.stopped = False
+        self._version = self._list()
+        self._thread = threading.Thread(target=self._follow, name="bench-watch", daemon=True)
+        self._thread.start()
+
+    def _list(self) -> str:
+        listing = self.rest.get(self.path)
+        with self.changed:
+            self.pods = {p["metadata"]["name"]: p for p in listing["items"]}
+            self.changed.notify_all()
+        return str(listing["metadata"]["resourceVersion"])
+
+    def _follow(self) -> None:
+        try:
+            while not self.stopped:
+                for event in self.rest.watch(self.path, self._version, WATCH_SECONDS):
+                    if event["type"] == "ERROR":  # e.g. 410 Gone: list again
+                        self._version = self._list()
+                        break
+                    pod = event["object"]
+                    self._version = pod["metadata"]["resourceVersion"]
+                    with self.changed:
+                        if event["type"] == "DELETED":
+                            self.pods.pop(pod["metadata"]["name"], None)
+                        else:
+                            self.pods[pod["metadata"]["name"]] = pod
+                        self.changed.notify_all()
+        except BaseException as err:  # handed to the waiting thread
+            with self.changed:
+                self.error = err
+                self.changed.notify_all()
+
+    def wait(
+        self, check: Callable[[Mapping[str, dict[str, Any]]], bool], deadline: float, what: str
+    ) -> tuple[float, dict[str, dict[str, Any]]]:
+        """The time `check(pods)` first held (monotonic) and the pods then."""
+        with self.changed:
+            while True:
+                if self.error is not None:
+                    raise RuntimeError(f"the pod watch failed: {self.error}") from self.error
+                if check(self.pods):
+                    return time.monotonic(), dict(self.pods)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"timed out waiting for {what}")
+                self.changed.wait(min(left, POLL_SECONDS))
+
+    def stop(self) -> None:
+        """Stop following (the watch ends at its timeout; the thread is a daemon)."""
+        self.stopped = True
+
+
+def all_running(pods: Mapping[str, dict[str, Any]], members: int) -> bool:
+    """Whether every member pod exists and is Running."""
+    running = sum(p.get("status", {}).get("phase") == "Running" for p in pods.values())
+    return running == members and len(pods) == members
 
 
 def measure_gang(
@@ -174,15 +243,15 @@ def measure_gang(
             status = rest.get(f"{run_path}/{RUN}").get("status") or {}
             return bool(status.get("membersReady") == f"{members}/{members}")
 
+        watched = Members(rest, pods_path)
         started = time.monotonic()
         rest.create(run_path, run)
-        running = wait_for(
-            lambda: members_running(rest, pods_path, members), deadline, "every member Running"
+        running, before = watched.wait(
+            lambda pods: all_running(pods, members), deadline, "every member Running"
         )
         log(f"{members} members: all Running after {running - started:.1f} s")
         status_ready = wait_for(ready, deadline, "the status to show every member running")
 
-        before = members_running(rest, pods_path, members) or {}
         attempt = (rest.get(f"{run_path}/{RUN}").get("status") or {}).get("attempt") or 1
         lost_member = members // 2
         lost_pod = pod_name(RUN, attempt, lost_member)
@@ -201,14 +270,16 @@ def measure_gang(
         lost = time.monotonic()
         rest.delete(f"/api/v1/nodes/{lost_node}")
 
-        def mended() -> bool:
-            pods = members_running(rest, pods_path, members)
+        def mended(pods: Mapping[str, dict[str, Any]]) -> bool:
             return (
-                pods is not None
+                all_running(pods, members)
                 and pods[lost_pod]["metadata"]["uid"] != before[lost_pod]["metadata"]["uid"]
             )
 
-        replaced = wait_for(mended, deadline, "the lost member replaced and every member Running")
+        replaced, after_pods = watched.wait(
+            mended, deadline, "the lost member replaced and every member Running"
+        )
+        watched.stop()
         log(f"{members} members: replaced after {replaced - lost:.1f} s")
         created = sorted(p["metadata"]["creationTimestamp"] for p in before.values())
         scheduled = sorted(
@@ -218,7 +289,7 @@ def measure_gang(
             if c["type"] == "PodScheduled"
         )
         ran = sorted(p["status"].get("startTime", "") for p in before.values())
-        after = rest.get(pods_path)["items"]
+        after = list(after_pods.values())
         kept = sum(
             p["metadata"]["uid"] == before[p["metadata"]["name"]]["metadata"]["uid"]
             for p in after
@@ -261,15 +332,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     own = args.cluster is None
     cluster = Cluster(
-        args.cluster or f"bench-{uuid.uuid4().hex[:6]}", node_lease_seconds=NODE_LEASE_SECONDS
+        args.cluster or f"bench-{uuid.uuid4().hex[:6]}",
+        node_lease_seconds=NODE_LEASE_SECONDS,
+        kwok_parallelism=KWOK_PARALLELISM,
     )
-    if own:
-        log(f"starting cluster {cluster.name}")
-        cluster.up(nodes=0)
-    elif not cluster.is_up():
+    if not own and not cluster.is_up():
         log(f"cluster {cluster.name} is not up; start it with `trainguard dev cluster up`")
         return 2
     try:
+        if own:
+            log(f"starting cluster {cluster.name}")
+            cluster.up(nodes=0)
         cluster.kubectl(
             "apply",
             "--server-side",

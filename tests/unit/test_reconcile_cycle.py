@@ -20,6 +20,7 @@ from run_factory import NAMESPACE, UID, make_run
 
 from trainguard.api.constants import Verdict
 from trainguard.api.status import LayerCheckpoint
+from trainguard.operator.k8s.client import KubeError
 from trainguard.operator.k8s.nodehealth import NodeChecks
 from trainguard.operator.k8s.pods import pod_view
 from trainguard.operator.k8s.reconcile import Settings, reconcile
@@ -85,6 +86,13 @@ class FakeApi:
                     p for p in self.pods() if p["metadata"]["labels"]["trainguard.dev/run"] == run
                 ]
             }
+        if method == "POST" and path.endswith("/pods"):
+            assert query == {"fieldManager": "trainguard"}
+            created = f"{path}/{body['metadata']['name']}"
+            if created in self.objects:
+                raise KubeError(409, "Conflict", f"pods {body['metadata']['name']} exists")
+            self.objects[created] = copy.deepcopy(body)
+            return body
         if method == "POST" and path.endswith("/events"):
             self.events.append(body)
             return body

@@ -12,6 +12,7 @@ import json
 import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
 from trainguard_dev.cluster.pki import Pki
@@ -59,6 +60,24 @@ class Rest:
             return {}
         decoded: dict[str, Any] = json.loads(raw)
         return decoded
+
+    def watch(self, path: str, resource_version: str, seconds: int) -> Iterator[dict[str, Any]]:
+        """The watch events of a collection path after `resource_version`, one by one.
+
+        Ends when the apiserver closes the watch (after `seconds`); an ERROR event (e.g. 410
+        Gone: the version is too old) is yielded like the others, for the caller to list again.
+        """
+        sep = "&" if "?" in path else "?"
+        query = f"watch=1&resourceVersion={resource_version}&timeoutSeconds={seconds}"
+        req = urllib.request.Request(f"{self.server}{path}{sep}{query}", method="GET")
+        req.add_header("Accept", "application/json")
+        try:
+            with urllib.request.urlopen(req, context=self._context, timeout=seconds + 30) as r:
+                for line in r:
+                    if line.strip():
+                        yield json.loads(line)
+        except urllib.error.HTTPError as err:
+            raise ApiError(err.code, err.read().decode(errors="replace")) from err
 
     def get(self, path: str) -> dict[str, Any]:
         """GET a path."""

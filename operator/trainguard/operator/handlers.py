@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -78,6 +79,10 @@ RETRY_DELAY_SECONDS = 5.0
 # within it. The pass lists only labelled nodes.
 NODE_HEALTH_SECONDS = 3.0
 WATCH_TIMEOUT_SECONDS = 300
+# Pod events of one run start a cycle no sooner than the last one took after its end, up to
+# this: a thousand members starting at once (several events each) would otherwise keep the
+# operator cycling, and writing the run's status, back to back.
+POD_CYCLE_PAUSE_MAX_SECONDS = 1.0
 
 
 @kopf.on.startup()
@@ -198,6 +203,9 @@ async def pod_changed(
     """A cycle of the run that owns the pod (errors are retried by the resync).
 
     None when a cycle of the run already waits to start: it will see this pod as it is then.
+    A cycle waits, after the run's last pod-event cycle ended, as long as that one took (at
+    most `POD_CYCLE_PAUSE_MAX_SECONDS`): milliseconds for a one-pod run, while one run's
+    storm of events takes at most half the operator's time.
     """
     key = (namespace, labels[LABEL_RUN])
     for body in _indexed(kwargs, RUNS, key):
@@ -206,8 +214,13 @@ async def pod_changed(
             continue
         record.queued = True
         async with record.turn:
+            # Events arriving during the pause join this cycle (it is still queued).
+            await asyncio.sleep(max(0.0, record.pause_until - time.monotonic()))
             record.queued = False
+            started = time.monotonic()
             await _cycle_key(memo, key)
+            took = min(time.monotonic() - started, POD_CYCLE_PAUSE_MAX_SECONDS)
+            record.pause_until = time.monotonic() + took
 
 
 @kopf.on.event(*LEASES, labels=OUR_LEASES)
@@ -340,6 +353,7 @@ class RunRecord:
         # waits for it (`queued`), later events add none.
         self.turn = asyncio.Lock()
         self.queued = False
+        self.pause_until = 0.0  # monotonic: the next pod-event cycle starts no sooner
 
     def last_status(self, body: dict[str, Any]) -> TrainingRunStatus:
         """The status this operator wrote last, else the run's as watched."""

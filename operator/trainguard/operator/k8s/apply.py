@@ -1,9 +1,11 @@
 """Server-side apply under one field manager, with forced ownership.
 
-Every child and the run's status are converged with the same call: the manifest is the
-complete desired state of the fields trainguard owns, the apiserver merges it, and
-`force` takes over any field another manager set (drift is repaired, never argued with).
-Fields trainguard stops sending are removed, because it owned them.
+Every companion (service account, role, binding, Leases, Service) and the run's status are
+converged with the same call: the manifest is the complete desired state of the fields
+trainguard owns, the apiserver merges it, and `force` takes over any field another manager
+set (drift is repaired, never argued with). Fields trainguard stops sending are removed,
+because it owned them. Pods are not applied: a pod never changes once made, so it is created
+(`k8s.pods.create_pod`), which costs the apiserver less.
 """
 
 from __future__ import annotations

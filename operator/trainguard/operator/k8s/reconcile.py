@@ -48,7 +48,7 @@ from trainguard.operator.k8s.client import Kube, KubeError, concurrently
 from trainguard.operator.k8s.leases import order_generation
 from trainguard.operator.k8s.nodehealth import NodeChecks, report_node
 from trainguard.operator.k8s.nodes import node_ready
-from trainguard.operator.k8s.pods import delete_pod, list_pods, with_mount_failures
+from trainguard.operator.k8s.pods import create_pod, delete_pod, list_pods, with_mount_failures
 from trainguard.operator.k8s.volumes import read_hot_path
 from trainguard.operator.policies import (
     backoff,
@@ -436,7 +436,7 @@ def converge(
             f" and {len(manifests) - 1} more members" if len(manifests) > 1 else "",
             decision.cause,
         )
-        apply_all(kube, manifests)
+        concurrently(lambda manifest: create_pod(kube, manifest), manifests)
 
 
 def report(
