@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -41,6 +41,7 @@ from trainguard.api import TrainingRunStatus
 from trainguard.api.constants import (
     COMPONENT_HEARTBEAT,
     GROUP,
+    KIND,
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     LABEL_RUN,
@@ -85,6 +86,38 @@ WATCH_TIMEOUT_SECONDS = 300
 POD_CYCLE_PAUSE_MAX_SECONDS = 1.0
 
 
+class RunsDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf's last-handled configuration, built only where a handler of changes reads it.
+
+    kopf builds it for every event of every watched kind, deep-copying the whole body first
+    (status and managed fields included) to keep its spec, labels and annotations. Only runs
+    have handlers of changes (`reconcile_run`); a pod's or a Lease's is never read, and a
+    thousand members starting send thousands of their events. A run's is the same as kopf's,
+    built from the fields it keeps, without copying its status (a thousand members' entries).
+    """
+
+    def build(
+        self,
+        *,
+        body: kopf.Body,
+        extra_fields: Iterable[Any] | None = None,
+    ) -> kopf.BodyEssence:
+        """A run's essence as kopf builds it; an empty one for every other kind."""
+        if body.get("kind") not in (None, KIND):
+            return kopf.BodyEssence()
+        # The top-level stanza of each extra field ("status.x" or ("status", "x")).
+        tops = {(f.split(".") if isinstance(f, str) else list(f))[0] for f in extra_fields or ()}
+        kept = {k: v for k, v in body.items() if k not in ("metadata", "status")}
+        meta = body.get("metadata") or {}
+        if "metadata" in tops:
+            kept["metadata"] = meta
+        else:
+            kept["metadata"] = {k: meta[k] for k in ("labels", "annotations") if k in meta}
+        if "status" in tops and "status" in body:
+            kept["status"] = body["status"]
+        return super().build(body=kopf.Body(cast(kopf.RawBody, kept)), extra_fields=extra_fields)
+
+
 @kopf.on.startup()
 async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any) -> None:
     """Set timeouts and storages, connect, start the resync loop."""
@@ -92,7 +125,7 @@ async def configure(*, settings: kopf.OperatorSettings, memo: Any, **kwargs: Any
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=ANNOTATION_PREFIX
     )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = RunsDiffBase(
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING  # our Events tell the story; kopf's only errors
