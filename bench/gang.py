@@ -15,7 +15,14 @@ with `spec.trainer.nodes: N` (examples/minimal.yaml). It measures:
   at its next resync (`--resync`), finds the node gone, excludes it and recreates that member
   alone on a spare node; the other members keep their pods (`kept_pods` counts them);
 - `operator_peak_rss_mib`: the operator process's peak resident memory (VmHWM), read at the
-  end, so it covers the creation, the replacement and the status updates.
+  end, so it covers the creation, the replacement and the status updates;
+- `cpu_s_until_all_running`: the CPU seconds each control-plane component, the operator and
+  this benchmark used from the run's creation until every member ran, and `cpu_busy`, their
+  sum over the cores' time: where the two cores went.
+
+The gang's pods are followed with one watch (a list of a thousand pods a second would load the
+apiserver being measured). kwok, which plays the kubelets of every node, moves 64 pods and
+nodes through their stages at once here (its default is 4): real kubelets work in parallel.
 
 Prints ONE JSON object on stdout; progress goes to stderr. Targets on a 2-core machine: every
 pod of a 1,024-member gang Running within 30 s, a replacement within 30 s.
@@ -101,6 +108,19 @@ def peak_rss_mib(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_now(cluster: Cluster, operator_pid: int) -> dict[str, float]:
+    """CPU seconds used so far by each control-plane component, the operator and this process."""
+    pids = {c.name: c.pid for c in cluster.status() if c.pid is not None and c.alive}
+    pids |= {"operator": operator_pid, "benchmark": os.getpid()}
+    return {name: cpu_seconds(pid) for name, pid in pids.items()}
 
 
 def wait_for(check: Callable[[], Any], deadline: float, what: str) -> float:
@@ -244,11 +264,15 @@ def measure_gang(
             return bool(status.get("membersReady") == f"{members}/{members}")
 
         watched = Members(rest, pods_path)
+        cpu_before = cpu_now(cluster, operator.pid)
         started = time.monotonic()
         rest.create(run_path, run)
         running, before = watched.wait(
             lambda pods: all_running(pods, members), deadline, "every member Running"
         )
+        cpu_after = cpu_now(cluster, operator.pid)
+        # Where the two cores went until every member ran: each process's CPU seconds.
+        cpu = {name: round(cpu_after[name] - cpu_before.get(name, 0.0), 1) for name in cpu_after}
         log(f"{members} members: all Running after {running - started:.1f} s")
         status_ready = wait_for(ready, deadline, "the status to show every member running")
 
@@ -311,6 +335,8 @@ def measure_gang(
             "excluded_nodes": [e["node"] for e in status.get("excludedNodes", [])],
             "attempt": status.get("attempt"),
             "operator_peak_rss_mib": round(rss, 1),
+            "cpu_s_until_all_running": cpu,
+            "cpu_busy": round(sum(cpu.values()) / ((running - started) * (os.cpu_count() or 1)), 2),
             # The apiserver's clock, to the second: how long the members' creation took.
             "first_pod_created": created[0],
             "last_pod_created": created[-1],
