@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -171,6 +171,7 @@ class Members:
         self.rest = rest
         self.path = pods_path
         self.pods: dict[str, dict[str, Any]] = {}
+        self.running: set[str] = set()  # kept with the pods: a check costs no pass over them
         self.changed = threading.Condition()
         self.error: BaseException | None = None
         self.stopped = False
@@ -182,6 +183,7 @@ class Members:
         listing = self.rest.get(self.path)
         with self.changed:
             self.pods = {p["metadata"]["name"]: p for p in listing["items"]}
+            self.running = {name for name, pod in self.pods.items() if _running(pod)}
             self.changed.notify_all()
         return str(listing["metadata"]["resourceVersion"])
 
@@ -195,25 +197,33 @@ class Members:
                     pod = event["object"]
                     self._version = pod["metadata"]["resourceVersion"]
                     with self.changed:
+                        name = pod["metadata"]["name"]
+                        self.running.discard(name)
                         if event["type"] == "DELETED":
-                            self.pods.pop(pod["metadata"]["name"], None)
+                            self.pods.pop(name, None)
                         else:
-                            self.pods[pod["metadata"]["name"]] = pod
+                            self.pods[name] = pod
+                            if _running(pod):
+                                self.running.add(name)
                         self.changed.notify_all()
         except BaseException as err:  # handed to the waiting thread
             with self.changed:
                 self.error = err
                 self.changed.notify_all()
 
+    def all_running(self, members: int) -> bool:
+        """Whether every member pod exists and is Running (called holding `changed`)."""
+        return len(self.running) == members and len(self.pods) == members
+
     def wait(
-        self, check: Callable[[Mapping[str, dict[str, Any]]], bool], deadline: float, what: str
+        self, check: Callable[[], bool], deadline: float, what: str
     ) -> tuple[float, dict[str, dict[str, Any]]]:
-        """The time `check(pods)` first held (monotonic) and the pods then."""
+        """The time `check()` first held (monotonic) and the pods then."""
         with self.changed:
             while True:
                 if self.error is not None:
                     raise RuntimeError(f"the pod watch failed: {self.error}") from self.error
-                if check(self.pods):
+                if check():
                     return time.monotonic(), dict(self.pods)
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -225,10 +235,8 @@ class Members:
         self.stopped = True
 
 
-def all_running(pods: Mapping[str, dict[str, Any]], members: int) -> bool:
-    """Whether every member pod exists and is Running."""
-    running = sum(p.get("status", {}).get("phase") == "Running" for p in pods.values())
-    return running == members and len(pods) == members
+def _running(pod: dict[str, Any]) -> bool:
+    return bool(pod.get("status", {}).get("phase") == "Running")
 
 
 def measure_gang(
@@ -268,7 +276,7 @@ def measure_gang(
         started = time.monotonic()
         rest.create(run_path, run)
         running, before = watched.wait(
-            lambda pods: all_running(pods, members), deadline, "every member Running"
+            lambda: watched.all_running(members), deadline, "every member Running"
         )
         cpu_after = cpu_now(cluster, operator.pid)
         # Where the two cores went until every member ran: each process's CPU seconds.
@@ -294,9 +302,10 @@ def measure_gang(
         lost = time.monotonic()
         rest.delete(f"/api/v1/nodes/{lost_node}")
 
-        def mended(pods: Mapping[str, dict[str, Any]]) -> bool:
+        def mended() -> bool:
+            pods = watched.pods
             return (
-                all_running(pods, members)
+                watched.all_running(members)
                 and pods[lost_pod]["metadata"]["uid"] != before[lost_pod]["metadata"]["uid"]
             )
 
