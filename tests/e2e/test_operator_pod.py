@@ -64,10 +64,11 @@ def test_minimal_example_yields_one_guarded_pod(
     )
     assert owner["controller"] is True and owner["blockOwnerDeletion"] is True
     fields = get_json(cluster, "pod", "minimal-1", "-n", namespace, "--show-managed-fields")
-    managers = {
-        m["manager"] for m in fields["metadata"]["managedFields"] if m["operation"] == "Apply"
-    }
-    assert managers == {"trainguard"}
+    # Created once by the operator's field manager (a create, not an apply: a pod never
+    # changes once made), its spec included.
+    ours = [m for m in fields["metadata"]["managedFields"] if m["manager"] == "trainguard"]
+    assert [m["operation"] for m in ours] == ["Update"], ours
+    assert "f:containers" in ours[0]["fieldsV1"]["f:spec"], ours
 
     # Placed on a GPU node of the pool, never on the excluded one.
     assert spec["nodeName"] == f"{node_pool}-gpu-1"
