@@ -25,9 +25,11 @@ fall below the production floor.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,6 +118,37 @@ def _status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return status
 
 
+@pytest.fixture
+def status_samples(cluster: Cluster, namespace: str) -> Iterator[Any]:
+    """Sample a run's status in the background from the moment `start(name)` is called.
+
+    Staging on the healthy node runs while the test still checks the sick one (its node
+    check can take longer than the staging): sampling from the start sees the progress
+    whenever it runs. The sampler stops afterwards.
+    """
+    samples: list[dict[str, Any]] = []
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def sample(name: str) -> None:
+        while not stop.is_set():
+            # A kubectl call cut short is skipped; the next sample is a fraction later.
+            with contextlib.suppress(subprocess.SubprocessError, ValueError):
+                samples.append(_status(cluster, namespace, name))
+            stop.wait(0.2)
+
+    def start(name: str) -> list[dict[str, Any]]:
+        thread = threading.Thread(target=sample, args=(name,), daemon=True)
+        thread.start()
+        threads.append(thread)
+        return samples
+
+    yield start
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=10)
+
+
 _AGE_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
@@ -148,6 +181,7 @@ def test_a_node_failing_preflight_is_excluded_and_the_run_trains_elsewhere(
     process_nodes: list[str],
     small_disk: Any,
     cordoned: Any,
+    status_samples: Any,
     fault: str,
     failure: str,
 ) -> None:
@@ -174,6 +208,7 @@ def test_a_node_failing_preflight_is_excluded_and_the_run_trains_elsewhere(
 
     pod = eventually(first_pod, timeout=60, what="the first pod bound")
     assert pod["spec"]["nodeName"] == sick
+    samples = status_samples(name)
     cordoned(healthy, False)
 
     # A is excluded for PreflightFailed, tainted, with the evidence in an Event.
@@ -208,21 +243,21 @@ def test_a_node_failing_preflight_is_excluded_and_the_run_trains_elsewhere(
     assert status["lastFailure"]["cause"] == "PreflightFailed"
     assert status["lastFailure"]["node"] == sick
 
-    # The next attempt stages on B: its progress reaches the status while staging runs.
-    seen_running: list[dict[str, Any]] = []
-
+    # The next attempt stages on B: its progress reaches the status while staging runs (the
+    # status was sampled since B was uncordoned, as the staging may run during A's checks).
     def staged() -> dict[str, Any] | None:
         current = _status(cluster, namespace, name)
         progress = current.get("staging") or {}
-        if progress.get("attempt") != 2:
-            return None
-        if progress.get("phase") == staging.COPYING:
-            seen_running.append(
-                {**progress, "condition": condition({"status": current}, "DataStaged")}
-            )
-        return current if progress.get("phase") == staging.COMPLETE else None
+        done = progress.get("attempt") == 2 and progress.get("phase") == staging.COMPLETE
+        return current if done else None
 
     status = eventually(staged, timeout=120, what="attempt 2 staged on the healthy node")
+    seen_running = [
+        {**current["staging"], "condition": condition({"status": current}, "DataStaged")}
+        for current in list(samples)
+        if (current.get("staging") or {}).get("attempt") == 2
+        and current["staging"].get("phase") == staging.COPYING
+    ]
     partial = [
         p
         for p in seen_running
