@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -79,3 +80,37 @@ def test_failing_component_exits_nonzero_with_its_log_tail(
         assert "last lines of" in result.stderr
     finally:
         _cli("down", "--name", "broken", "--purge", env=env)
+
+
+def test_kwok_moves_pods_with_the_configured_parallelism(cluster: Cluster) -> None:
+    """`Cluster(kwok_parallelism=...)`: kwok starts with its configuration and plays pods.
+
+    A configuration file leaves every option it does not name at zero, which kwok refuses:
+    the file names the parallelism asked for and sane values for the rest, and kwok, started
+    with it, runs a deployment's pods on its nodes.
+    """
+    name = f"par-{uuid.uuid4().hex[:6]}"
+    side = Cluster(name, kwok_parallelism=16)
+    try:
+        side.up(nodes=2)
+        config = (side.root / "kwok-configuration.yaml").read_text()
+        assert "podPlayStageParallelism: 16" in config
+        assert "nodePlayStageParallelism: 16" in config
+        kwok = next(s for s in side.status() if s.name == "kwok")
+        assert kwok.alive
+        cmdline = Path(f"/proc/{kwok.pid}/cmdline").read_bytes().split(b"\0")
+        assert f"--config={side.root / 'kwok-configuration.yaml'}".encode() in cmdline
+        side.kubectl("create", "deployment", "play", "--image=play:1", "--replicas=12")
+        deadline = time.monotonic() + 90
+        phases: list[str] = []
+        while time.monotonic() < deadline:
+            out = side.kubectl(
+                "get", "pods", "-l", "app=play", "-o", "jsonpath={.items[*].status.phase}"
+            ).stdout
+            phases = out.split()
+            if phases.count("Running") == 12:
+                break
+            time.sleep(0.5)
+        assert phases.count("Running") == 12, phases
+    finally:
+        side.down(purge=True)

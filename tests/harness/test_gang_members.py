@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 from harness_helpers import trainer_command, trainer_env
 
+from trainguard.ckpt import find_newest_valid
 from trainguard.contract import env
 from trainguard.contract.env import PodEnv
 from trainguard.contract.files import (
@@ -50,6 +51,7 @@ from trainguard.contract.files import (
 from trainguard_dev.testing.polling import eventually, holds
 from trainguard_harness import heartbeat as hb
 from trainguard_harness.launcher import ended
+from trainguard_harness.sharded import PROBE_PREFIX
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(600)]
 # The generation each member's agent copies into gang.json at its first renewal.
@@ -61,6 +63,8 @@ STEPS = 40
 EVERY = 5
 # Generous for two cores under load: six processes import torch at every start.
 START_S = 180
+# What a rank of a sharded session spanning pods says (trainguard_harness.sharded).
+REFUSAL = "sharded checkpoints need every rank in one pod"
 
 
 def free_port() -> int:
@@ -80,10 +84,15 @@ def losses(path: Path) -> list[tuple[int, float]]:
 class Gang:
     """The supervisors of the gang's members, each as its pod would run it."""
 
-    def __init__(self, root: Path, data_dir: Path, port: int) -> None:
+    def __init__(
+        self, root: Path, data_dir: Path, port: int, *trainer_args: str, l1: Path | None = None
+    ) -> None:
+        """`l1`: one L1 every member mounts (default: each member's own, as on its node)."""
         self.root = root
         self.data_dir = data_dir
         self.port = port
+        self.trainer_args = trainer_args
+        self.l1 = l1
         self.loss_log = root / "loss.jsonl"
         self.members: list[subprocess.Popen[str]] = []
         self.pods: list[PodEnv] = []
@@ -108,9 +117,11 @@ class Gang:
         pod = PodEnv.from_env(contract)
         write_gang_order(pod.gang_file, generation)
         environ = {**trainer_env(home), **contract, "PYTHONUNBUFFERED": "1"}
+        if self.l1 is not None:
+            environ[env.L1_DIR] = str(self.l1)
         common = (
             "--steps", str(STEPS), "--ckpt-every-steps", str(EVERY), "--keep-last", "3",
-            "--min-step-seconds", "0.05", "--loss-log", str(self.loss_log),
+            "--min-step-seconds", "0.05", "--loss-log", str(self.loss_log), *self.trainer_args,
         )  # fmt: skip
         command = [
             sys.executable, "-m", "trainguard.cli.main", "supervise", "--no-gpu",
@@ -351,3 +362,50 @@ def test_a_member_blocked_by_a_vanished_peer_restarts_at_once_on_the_gangs_order
     assert replacement["restarts"] == 0 and len(replacement["history"]) == 1
     assert replacement["gang_generation"] == 1 and replacement["failed_generation"] is None
     assert_resumed_together(gang, reference)
+
+
+def test_a_sharded_gang_across_members_is_refused_before_it_trains(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """FSDP over two members, each with its own L1 (its node's): refused before any step.
+
+    Rank 0 cannot gather or verify the other member's shards, so every save would fail: every
+    rank stops when its `ShardedSession` is built, naming the ways out (no checkpoint, no
+    loss, in either member's L1).
+    """
+    gang = Gang(tmp_path, data_dir, free_port(), "--sharded")
+    try:
+        for member in range(MEMBERS):
+            eventually(
+                lambda member=member: gang.output(member).count(REFUSAL) >= RANKS,  # type: ignore[misc]
+                START_S,
+                f"member {member}'s ranks refusing",
+                0.2,
+            )
+    finally:
+        gang.kill()
+    output = gang.output(0)
+    assert "these 4 ranks run in 2 pods (2 each" in output, output[-4000:]
+    assert "spec.trainer.nodes: 1" in output and "TrainingSession" in output
+    for home in gang.homes:
+        assert not list((home / "l1").glob("*")), list((home / "l1").iterdir())
+    assert not gang.loss_log.exists() or not gang.loss_log.read_text().strip()
+
+
+def test_a_sharded_gang_whose_members_mount_one_l1_trains_and_saves(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """FSDP over two members that mount one L1: not refused; every checkpoint has 4 shards."""
+    shared = tmp_path / "shared-l1"
+    gang = Gang(tmp_path, data_dir, free_port(), "--sharded", l1=shared)
+    try:
+        gang.finish()
+    finally:
+        gang.kill()
+    assert REFUSAL not in gang.output(0) + gang.output(1)
+    assert sorted(step for step, _ in losses(gang.loss_log)) == list(range(1, STEPS + 1))
+    newest = find_newest_valid(shared).newest
+    assert newest is not None and newest.step == STEPS and newest.manifest is not None
+    assert newest.manifest.world_size == MEMBERS * RANKS
+    assert {entry.rank for entry in newest.manifest.files} == {None, *range(MEMBERS * RANKS)}
+    assert not list(shared.glob(f"{PROBE_PREFIX}*"))  # the probe is gone

@@ -134,6 +134,18 @@ def rank0_decides(decision: bool) -> bool:
     return bool(agree_on_step(int(decision)))
 
 
+def every_rank(mine: bool) -> bool:
+    """Whether `mine` holds on every rank (a collective: every rank calls it)."""
+    dist = process_group()
+    if dist is None or dist.get_world_size() == 1:
+        return mine
+    import torch
+
+    failing = torch.tensor([int(not mine)], dtype=torch.int64, device=_device())
+    dist.all_reduce(failing)
+    return int(failing.item()) == 0
+
+
 def reduce_step(loss: float, stop: bool) -> tuple[float, bool]:
     """(the mean of every rank's loss, whether any rank was asked to stop)."""
     dist = process_group()

@@ -15,6 +15,13 @@ checkpoint is written with `torch.distributed.checkpoint` through trainguard's s
 `rank-<k>/`, the global manifest written last by the coordinator (rank 0) once every rank's
 shard is there. The ranks share L1 (the ranks of one pod).
 
+- **One L1 that every rank sees**: the ranks of one pod share theirs. A gang's members
+  (`spec.trainer.nodes` > 1) each have their own node's L1, where the coordinator can neither
+  gather nor verify the other members' shards, so every save would fail. When the ranks span
+  several pods, the session looks when it is built: rank 0 leaves a probe file in its L1 and
+  every rank looks for it in its own; unless every rank sees it (a root every member mounts),
+  the session is refused (`SpansPodsError`, naming both ways out) before any step is trained.
+
 - **Save**, on every rank at the same steps: the step cadence is the same everywhere, the time
   cadence is read on rank 0's clock and told to all (`rank0_decides`). It is `dcp.save`, so the
   loop waits for the write (`async_save` would run its collectives in a thread beside the
@@ -39,6 +46,9 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -57,12 +67,15 @@ from trainguard.ckpt import Search, find_newest_valid, step_dirname, verify
 from trainguard_harness import heartbeat as hb
 from trainguard_harness import rng
 from trainguard_harness.dcp import TrainguardReader, TrainguardWriter
-from trainguard_harness.ranks import agree_on_step, rank0_decides
+from trainguard_harness.ranks import Ranks, agree_on_step, every_rank, from_rank0, rank0_decides
 from trainguard_harness.reader import LoadedCheckpoint, LoadResult
-from trainguard_harness.session import RNG_COMPONENT, TrainingSession
+from trainguard_harness.session import RNG_COMPONENT, Stateful, TrainingSession
+from trainguard_harness.settings import HarnessSettings
 from trainguard_harness.writer import CheckpointSaveError, CheckpointWriter, SaveStats
 
 LOG = logging.getLogger(__name__)
+# Rank 0's probe file in its L1, looked for by every rank in its own (`shares_l1`).
+PROBE_PREFIX = ".l1-probe-"
 
 
 class ShardedModel:
@@ -104,11 +117,65 @@ class ShardedOptimizer:
         set_optimizer_state_dict(self.model, self.optimizer, state)
 
 
+class SpansPodsError(RuntimeError):
+    """The ranks of a sharded session run in several pods that do not share one L1."""
+
+
+def shares_l1(l1: Path, ranks: Ranks) -> bool:
+    """Whether every rank sees rank 0's L1 as its own (a collective: every rank calls it).
+
+    Rank 0 writes a probe file there and sends its name; each rank looks for it in its own L1;
+    rank 0 removes it once every rank has looked.
+    """
+    probe: Path | None = None
+    if ranks.rank == 0:
+        probe = l1 / f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+        l1.mkdir(parents=True, exist_ok=True)
+        probe.touch()
+    name = from_rank0(None if probe is None else probe.name)
+    assert name is not None  # rank 0 always has one
+    try:
+        return every_rank((l1 / name).exists())
+    finally:
+        if probe is not None:
+            probe.unlink(missing_ok=True)
+
+
 class ShardedSession(TrainingSession):
     """A `TrainingSession` whose every rank saves its shard of each global checkpoint.
 
-    See the module docstring. The process group is up before it is built.
+    See the module docstring. The process group is up before it is built; every rank sees
+    one L1 (raises `SpansPodsError` otherwise).
     """
+
+    def __init__(
+        self,
+        components: Mapping[str, Stateful],
+        settings: HarnessSettings | None = None,
+        *,
+        verify_after_write: bool = True,
+        handle_sigterm: bool = True,
+        ranks: Ranks | None = None,
+    ) -> None:
+        settings = settings or HarnessSettings.from_env()
+        ranks = ranks or Ranks.from_env()
+        if ranks.world_size > ranks.local_world_size and not shares_l1(settings.l1_dir, ranks):
+            pods = -(-ranks.world_size // ranks.local_world_size)
+            raise SpansPodsError(
+                f"sharded checkpoints need every rank in one pod: these {ranks.world_size} "
+                f"ranks run in {pods} pods ({ranks.local_world_size} each, spec.trainer.nodes "
+                "> 1), and each pod's L1 is its own node's disk, where rank 0 cannot gather or "
+                "verify the other pods' shards. Train sharded on one node (spec.trainer.nodes: "
+                "1), or save a replicated state (TrainingSession: rank 0 saves, every member "
+                "resumes from it)"
+            )
+        super().__init__(
+            components,
+            settings,
+            verify_after_write=verify_after_write,
+            handle_sigterm=handle_sigterm,
+            ranks=ranks,
+        )
 
     def _new_l0_writer(self) -> CheckpointWriter | None:
         return None  # one rank's part of the state is no checkpoint (module docstring)

@@ -41,6 +41,7 @@ from trainguard.operator.build.constants import FIELD_MANAGER
 from trainguard.operator.build.nodecheck import check_pod, check_pod_name
 from trainguard.operator.k8s.client import MERGE_PATCH, Kube, KubeError, object_path
 from trainguard.operator.k8s.nodes import ready_condition
+from trainguard.operator.k8s.pods import create_pod
 from trainguard.operator.policies import nodehealth
 from trainguard.operator.policies.nodehealth import (
     Action,
@@ -251,11 +252,7 @@ def _start_check(kube: Kube, checks: NodeChecks, node: dict[str, Any]) -> None:
         int(gpus) if gpus.isdigit() else 0,
         checks.gpu_max_used_mib,
     )
-    try:
-        kube.request("POST", object_path("v1", "pods", checks.namespace, None), pod)
-    except KubeError as err:
-        if err.status != 409:  # already there: read on the next pass
-            raise
+    create_pod(kube, pod)  # one already there is read on the next pass
     log.info("node %s: node check started", name)
 
 
