@@ -99,6 +99,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--spare", type=int, default=1, help="nodes beyond one per member (at least 1)"
     )
+    parser.add_argument(
+        "--node-lease",
+        type=int,
+        default=NODE_LEASE_SECONDS,
+        help="the kwok nodes' Lease and the node controller's grace in its own cluster (seconds)",
+    )
     return parser.parse_args(argv)
 
 
@@ -368,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     own = args.cluster is None
     cluster = Cluster(
         args.cluster or f"bench-{uuid.uuid4().hex[:6]}",
-        node_lease_seconds=NODE_LEASE_SECONDS,
+        node_lease_seconds=args.node_lease,
         kwok_parallelism=KWOK_PARALLELISM,
     )
     if not own and not cluster.is_up():
@@ -394,7 +400,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if own:
             cluster.down(purge=True)
-    print(json.dumps({"gangs": gangs, "resync_s": args.resync, "cpus": os.cpu_count()}))
+    own_lease = args.node_lease if own else None
+    print(
+        json.dumps(
+            {
+                "gangs": gangs,
+                "resync_s": args.resync,
+                "node_lease_s": own_lease,
+                "cpus": os.cpu_count(),
+            }
+        )
+    )
     return 0
 
 

@@ -234,8 +234,10 @@ def test_a_hang_is_found_by_a_multiple_of_the_slowest_step_on_a_real_node(
     before = heartbeat(state)
     assert before is not None and before.get("slowest_step_s") is not None, before
     pid = before["pid"]
-    exec_python(cluster, pod["metadata"]["name"], "trainer", f"import os; os.kill({pid}, 19)")
+    # Timed from before the exec: the freeze happens within it, and the exec's own return
+    # (hundreds of milliseconds) must not count against the floor asserted below.
     frozen_at = time.monotonic()
+    exec_python(cluster, pod["metadata"]["name"], "trainer", f"import os; os.kill({pid}, 19)")
 
     def hung() -> dict[str, Any] | None:
         current = run_status(cluster, run_name)
@@ -251,8 +253,8 @@ def test_a_hang_is_found_by_a_multiple_of_the_slowest_step_on_a_real_node(
         return beat if beat and beat["pid"] != pid and beat.get("step") else None
 
     eventually(restarted, timeout=120, what="a new trainer after the hang")
-    # The bound's floor, from the loop's last report (at most a step before the freeze); the
-    # look, the Lease and the operator's write add seconds.
+    # The bound's floor, from the loop's last report (at most a step before the freeze, which
+    # came after `frozen_at`); the look, the Lease and the operator's write add seconds.
     assert MIN_ADAPTIVE_HANG_SECONDS - before["slowest_step_s"] <= found_s < 60, found_s
     print(f"adaptive hang bound on a real node: Hung recorded {found_s:.1f} s after the freeze")
 
