@@ -14,6 +14,7 @@ address and have no cluster DNS, so a real one cannot run here).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -300,7 +301,11 @@ def test_a_member_whose_agent_finds_ghost_memory_is_moved_alone_off_its_node(
     first = pair_running_with_a_spare_node(cluster, namespace, node_pool, extra_node)
     sick_node = first["pair-1-1"]["spec"]["nodeName"]
     # Member 1's agent reads memory no live process holds on its node's GPUs and says so in its
-    # Lease (kwok runs no agent, so the renewal is written here as the agent writes it).
+    # Lease (kwok runs no agent, so the renewal is written here as the agent writes it). An
+    # agent starts after its pod's creation second (`creationTimestamp` has whole seconds; a
+    # renewal within it reads as the predecessor's), and so does this one.
+    created = datetime.fromisoformat(first["pair-1-1"]["metadata"]["creationTimestamp"])
+    time.sleep(max(0.0, (created + timedelta(seconds=1) - datetime.now(UTC)).total_seconds()))
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     cluster.kubectl(
         as_agent(namespace, "pair"), "patch", "lease", "pair-heartbeat-1", "-n", namespace,

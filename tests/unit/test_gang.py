@@ -299,7 +299,12 @@ def test_a_member_whose_own_agent_finds_its_node_sick_is_named_with_the_cause() 
     replacement = member(1, 1, phase="Running", node="gpu-9", created=NOW)
     before = (lease(1, Verdict.GHOST_MEMORY, renewed=NOW - timedelta(seconds=5)),)
     assert sick_members((replacement,), before) == ()
-    assert sick_members((replacement,), (lease(1, Verdict.GHOST_MEMORY),)) == (
+    # Nor one renewed within the second the replacement was made: `creationTimestamp` has
+    # whole seconds, so the predecessor's renewal moments before it may read as later.
+    same_second = (lease(1, Verdict.GHOST_MEMORY, renewed=NOW + timedelta(milliseconds=400)),)
+    assert sick_members((replacement,), same_second) == ()
+    renewed_after = (lease(1, Verdict.GHOST_MEMORY, renewed=NOW + timedelta(seconds=1)),)
+    assert sick_members((replacement,), renewed_after) == (
         (replacement, Verdict.GHOST_MEMORY.value),
     )
     # Another attempt's pod's Lease, and a member already leaving, are not this pod's.

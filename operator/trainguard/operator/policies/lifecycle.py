@@ -213,6 +213,10 @@ def lost_members(
     )
 
 
+# The resolution of a pod's `creationTimestamp`.
+CREATION_RESOLUTION = timedelta(seconds=1)
+
+
 def sick_members(
     members: tuple[PodView, ...], leases: tuple[LeaseView, ...]
 ) -> tuple[tuple[PodView, str], ...]:
@@ -227,9 +231,12 @@ def sick_members(
     for pod in members:
         if not pod.member or pod.node is None or pod.deleting:
             continue
+        # `creationTimestamp` has whole seconds: a renewal within the second the pod was made
+        # may be its predecessor's, made moments before it (its own agent cannot run yet).
+        since = None if pod.created is None else pod.created + CREATION_RESOLUTION
         for lease in leases:
             renewed = lease.renewed
-            fresh = renewed is not None and (pod.created is None or renewed >= pod.created)
+            fresh = renewed is not None and (since is None or renewed >= since)
             if (
                 lease.member == pod.member
                 and lease.holder == pod.name
