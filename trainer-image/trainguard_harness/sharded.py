@@ -47,7 +47,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,8 +68,7 @@ from trainguard_harness import rng
 from trainguard_harness.dcp import TrainguardReader, TrainguardWriter
 from trainguard_harness.ranks import Ranks, agree_on_step, every_rank, from_rank0, rank0_decides
 from trainguard_harness.reader import LoadedCheckpoint, LoadResult
-from trainguard_harness.session import RNG_COMPONENT, Stateful, TrainingSession
-from trainguard_harness.settings import HarnessSettings
+from trainguard_harness.session import RNG_COMPONENT, TrainingSession
 from trainguard_harness.writer import CheckpointSaveError, CheckpointWriter, SaveStats
 
 LOG = logging.getLogger(__name__)
@@ -148,18 +146,11 @@ class ShardedSession(TrainingSession):
     one L1 (raises `SpansPodsError` otherwise).
     """
 
-    def __init__(
-        self,
-        components: Mapping[str, Stateful],
-        settings: HarnessSettings | None = None,
-        *,
-        verify_after_write: bool = True,
-        handle_sigterm: bool = True,
-        ranks: Ranks | None = None,
-    ) -> None:
-        settings = settings or HarnessSettings.from_env()
-        ranks = ranks or Ranks.from_env()
-        if ranks.world_size > ranks.local_world_size and not shares_l1(settings.l1_dir, ranks):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """`TrainingSession`'s arguments; raises `SpansPodsError` before any step is trained."""
+        super().__init__(*args, **kwargs)
+        ranks = self.ranks
+        if ranks.world_size > ranks.local_world_size and not shares_l1(self.settings.l1_dir, ranks):
             pods = -(-ranks.world_size // ranks.local_world_size)
             raise SpansPodsError(
                 f"sharded checkpoints need every rank in one pod: these {ranks.world_size} "
@@ -169,13 +160,6 @@ class ShardedSession(TrainingSession):
                 "1), or save a replicated state (TrainingSession: rank 0 saves, every member "
                 "resumes from it)"
             )
-        super().__init__(
-            components,
-            settings,
-            verify_after_write=verify_after_write,
-            handle_sigterm=handle_sigterm,
-            ranks=ranks,
-        )
 
     def _new_l0_writer(self) -> CheckpointWriter | None:
         return None  # one rank's part of the state is no checkpoint (module docstring)
