@@ -87,7 +87,8 @@ def test_kwok_moves_pods_with_the_configured_parallelism(cluster: Cluster) -> No
 
     A configuration file leaves every option it does not name at zero, which kwok refuses:
     the file names the parallelism asked for and sane values for the rest, and kwok, started
-    with it, runs a deployment's pods on its nodes.
+    with it, runs a deployment's pods on its nodes, each with an address of its own that a
+    headless Service lists.
     """
     name = f"par-{uuid.uuid4().hex[:6]}"
     side = Cluster(name, kwok_parallelism=16)
@@ -112,5 +113,23 @@ def test_kwok_moves_pods_with_the_configured_parallelism(cluster: Cluster) -> No
                 break
             time.sleep(0.5)
         assert phases.count("Running") == 12, phases
+        # Pods have addresses of their own, which a headless Service lists (an empty pod
+        # range gave every pod 127.0.0.1, which the EndpointSlice controller refuses).
+        side.kubectl("create", "service", "clusterip", "play", "--clusterip=None", "--tcp=80:80")
+        addresses: list[str] = []
+        while time.monotonic() < deadline:
+            addresses = side.kubectl(
+                "get",
+                "endpointslices",
+                "-l",
+                "kubernetes.io/service-name=play",
+                "-o",
+                "jsonpath={.items[*].endpoints[*].addresses[0]}",
+            ).stdout.split()
+            if len(addresses) == 12:
+                break
+            time.sleep(0.5)
+        assert len(set(addresses)) == 12, addresses
+        assert not any(a.startswith("127.") for a in addresses), addresses
     finally:
         side.down(purge=True)

@@ -48,6 +48,8 @@ NODE_MONITOR_GRACE = "20s"
 NODE_MONITOR_PERIOD = "2s"
 NODE_LEASE_SECONDS = "20"
 KWOK_NODE_SELECTOR = "kwok.x-k8s.io/node=fake"
+# Pod addresses kwok hands out where its configuration file is used (room for a large gang).
+KWOK_POD_CIDR = "10.0.0.0/16"
 KWOK_STAGE_FILES = (
     "node-initialize.yaml",
     "node-heartbeat-with-lease.yaml",
@@ -540,6 +542,11 @@ class Cluster:
                 # defaults, and kwok refuses a zero here.
                 "  nodeLeaseParallelism: 4\n"
                 "  podsOnNodeSyncParallelism: 1\n"
+                # An empty pod range makes kwok give every pod its node's address, 127.0.0.1,
+                # which the EndpointSlice and Endpoints controllers refuse for a Service ("may
+                # not be in the loopback range") and retry: a gang's Service never listed its
+                # members, and the retries loaded the control plane being measured.
+                f"  cidr: {KWOK_POD_CIDR}\n"
             )
             args.append(f"--config={config}")
         return args
