@@ -18,7 +18,13 @@ with `spec.trainer.nodes: N` (examples/minimal.yaml). It measures:
   end, so it covers the creation, the replacement and the status updates;
 - `cpu_s_until_all_running`: the CPU seconds each control-plane component, the operator and
   this benchmark used from the run's creation until every member ran, and `cpu_busy`, their
-  sum over the cores' time: where the two cores went.
+  sum over the cores' time: where the two cores went;
+- `apiserver_until_all_running`: in the same span, from the apiserver's own counters, the pod
+  watchers it closed for falling behind (`pod_watchers_closed`: a watcher more than a few events
+  behind is dropped and its client watches again) and the pod status writes it accepted and
+  refused (`pod_status_patches`, `pod_status_patches_refused`). kwok plays a pod's stage again
+  when it is handed an older copy of a pod it already moved on; a run with many closed watchers
+  and repeated plays loads the control plane more and is slower. These tell such a run apart.
 
 The gang's pods are followed with one watch (a list of a thousand pods a second would load the
 apiserver being measured). kwok, which plays the kubelets of every node, moves 64 pods and
@@ -127,6 +133,27 @@ def cpu_now(cluster: Cluster, operator_pid: int) -> dict[str, float]:
     pids = {c.name: c.pid for c in cluster.status() if c.pid is not None and c.alive}
     pids |= {"operator": operator_pid, "benchmark": os.getpid()}
     return {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+
+def apiserver_counts(cluster: Cluster) -> dict[str, float]:
+    """The apiserver counters named in `apiserver_until_all_running`, read from its /metrics."""
+    counts = dict.fromkeys(
+        ("pod_watchers_closed", "pod_status_patches", "pod_status_patches_refused"), 0.0
+    )
+    for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        if 'resource="pods"' not in line:
+            continue
+        value = float(line.rpartition(" ")[2])
+        if line.startswith("apiserver_terminated_watchers_total{"):
+            counts["pod_watchers_closed"] += value
+        elif (
+            line.startswith("apiserver_request_total{")
+            and 'subresource="status"' in line
+            and 'verb="PATCH"' in line
+        ):
+            accepted = 'code="200"' in line
+            counts["pod_status_patches" if accepted else "pod_status_patches_refused"] += value
+    return counts
 
 
 def wait_for(check: Callable[[], Any], deadline: float, what: str) -> float:
@@ -278,6 +305,7 @@ def measure_gang(
             return bool(status.get("membersReady") == f"{members}/{members}")
 
         watched = Members(rest, pods_path)
+        counts_before = apiserver_counts(cluster)
         cpu_before = cpu_now(cluster, operator.pid)
         started = time.monotonic()
         rest.create(run_path, run)
@@ -285,6 +313,7 @@ def measure_gang(
             lambda: watched.all_running(members), deadline, "every member Running"
         )
         cpu_after = cpu_now(cluster, operator.pid)
+        counts_after = apiserver_counts(cluster)
         # Where the two cores went until every member ran: each process's CPU seconds.
         cpu = {name: round(cpu_after[name] - cpu_before.get(name, 0.0), 1) for name in cpu_after}
         log(f"{members} members: all Running after {running - started:.1f} s")
@@ -352,6 +381,9 @@ def measure_gang(
             "operator_peak_rss_mib": round(rss, 1),
             "cpu_s_until_all_running": cpu,
             "cpu_busy": round(sum(cpu.values()) / ((running - started) * (os.cpu_count() or 1)), 2),
+            "apiserver_until_all_running": {
+                name: int(counts_after[name] - counts_before[name]) for name in counts_after
+            },
             # The apiserver's clock, to the second: how long the members' creation took.
             "first_pod_created": created[0],
             "last_pod_created": created[-1],
