@@ -176,6 +176,7 @@ class GangApi(FakeApi):
         body: Any = None,
         query: dict[str, str] | None = None,
         content_type: str = "",
+        accept: str = "application/json",
     ) -> dict[str, Any]:
         if method == "PATCH" and content_type == "application/merge-patch+json":
             self.merge_patches.append(path)
@@ -183,7 +184,7 @@ class GangApi(FakeApi):
             annotations = target["metadata"].setdefault("annotations", {})
             annotations.update(body["metadata"]["annotations"])
             return target
-        return super().request(method, path, body, query, content_type)
+        return super().request(method, path, body, query, content_type, accept)
 
 
 def running_gang() -> GangApi:

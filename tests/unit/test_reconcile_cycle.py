@@ -20,9 +20,9 @@ from run_factory import NAMESPACE, UID, make_run
 
 from trainguard.api.constants import Verdict
 from trainguard.api.status import LayerCheckpoint
-from trainguard.operator.k8s.client import KubeError
+from trainguard.operator.k8s.client import METADATA_LIST, KubeError
 from trainguard.operator.k8s.nodehealth import NodeChecks
-from trainguard.operator.k8s.pods import pod_view
+from trainguard.operator.k8s.pods import current_pods, pod_view
 from trainguard.operator.k8s.reconcile import Settings, reconcile
 from trainguard.operator.policies.lifecycle import PodView
 from trainguard.operator.policies.nodehealth import TaintPolicy
@@ -60,6 +60,7 @@ class FakeApi:
         body: Any = None,
         query: dict[str, str] | None = None,
         content_type: str = "",
+        accept: str = "application/json",
     ) -> dict[str, Any]:
         self.requests += 1
         if self.crash_at is not None and self.requests == self.crash_at:
@@ -81,11 +82,10 @@ class FakeApi:
             return {}
         if method == "GET" and path.endswith("/pods"):
             run = (query or {})["labelSelector"].removeprefix("trainguard.dev/run=")
-            return {
-                "items": [
-                    p for p in self.pods() if p["metadata"]["labels"]["trainguard.dev/run"] == run
-                ]
-            }
+            items = [p for p in self.pods() if p["metadata"]["labels"]["trainguard.dev/run"] == run]
+            if accept == METADATA_LIST:  # as the apiserver answers: each pod's metadata only
+                items = [{"metadata": copy.deepcopy(p["metadata"])} for p in items]
+            return {"items": items}
         if method == "POST" and path.endswith("/pods"):
             assert query == {"fieldManager": "trainguard"}
             created = f"{path}/{body['metadata']['name']}"
@@ -393,3 +393,75 @@ def test_invalid_checkpoints_the_agent_told_of_reach_the_status() -> None:
         assert api.run()["status"]["lastInvalidCheckpoint"]["step"] == 142
     cycle(api, full=False)  # no Lease in this cycle's view
     assert api.run()["status"]["invalidCheckpoints"][0]["count"] == 1
+
+
+def test_a_gangs_members_the_watch_has_not_delivered_are_neither_created_again_nor_mourned() -> (
+    None
+):
+    # A thousand members are created in one cycle; the next cycle's watch has delivered
+    # only some of them. The apiserver, asked for the pods' metadata, has them all: the
+    # cycle creates nothing, deletes nothing, keeps the attempt.
+    api = api_with_run(trainer={"nodes": 3})
+    cycle(api)
+    assert len(api.pods()) == 3
+    delivered = [v for v in api.views() if v.member == 0]
+    before = api.requests
+    seen: list[tuple[str, str]] = []
+    request = api.request
+
+    def spy(method: str, path: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        seen.append((method, path))
+        return request(method, path, *args, **kwargs)
+
+    api.request = spy  # type: ignore[method-assign]
+    outcome = reconcile(api, copy.deepcopy(api.run()), delivered, SETTINGS, False)  # type: ignore[arg-type]
+    assert outcome.status.attempt == 1
+    assert len(api.pods()) == 3
+    assert not [m for m, p in seen if m in ("POST", "DELETE") and "/pods" in p], seen
+    assert ("GET", f"/api/v1/namespaces/{NAMESPACE}/pods") in seen  # the apiserver was asked
+    assert api.requests > before
+
+
+class MetadataOnlyApi:
+    """Answers a pod list the way the apiserver does when asked for metadata only."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.accepted: list[str] = []
+
+    def request(self, method: str, path: str, *_: Any, **kwargs: Any) -> dict[str, Any]:
+        assert (method, path) == ("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")
+        self.accepted.append(kwargs["accept"])
+        return {"items": [{"metadata": copy.deepcopy(p["metadata"])} for p in self.pods]}
+
+
+def test_current_pods_asks_for_metadata_and_keeps_what_the_watch_knows() -> None:
+    def pod(name: str, created: str, **status: Any) -> dict[str, Any]:
+        labels = {"trainguard.dev/run": "llm", "trainguard.dev/attempt": "1"}
+        meta = {"name": name, "labels": labels, "creationTimestamp": created}
+        return {"metadata": meta, "spec": {"nodeName": status.pop("node", None)}, "status": status}
+
+    running = pod("llm-1-0", "2026-01-01T00:00:00Z", phase="Running", node="gpu-0")
+    recreated_old = pod("llm-1-1", "2026-01-01T00:00:00Z", phase="Running", node="gpu-1")
+    recreated_new = pod("llm-1-1", "2026-01-01T00:01:00Z")
+    undelivered = pod("llm-1-2", "2026-01-01T00:01:00Z")
+    gone = pod("llm-1-3", "2026-01-01T00:00:00Z", phase="Running", node="gpu-3")
+    leaving = copy.deepcopy(running)
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:02:00Z"
+    api = MetadataOnlyApi([leaving, recreated_new, undelivered])
+    watched = [v for v in map(pod_view, (running, recreated_old, gone)) if v is not None]
+
+    views = {v.name: v for v in current_pods(api, NAMESPACE, "llm", watched)}  # type: ignore[arg-type]
+
+    assert api.accepted == [METADATA_LIST]
+    assert sorted(views) == ["llm-1-0", "llm-1-1", "llm-1-2"]  # the one the apiserver lost
+    # The watch's view of a pod it delivered (phase, node), marked as the apiserver marks it.
+    assert (views["llm-1-0"].phase, views["llm-1-0"].node) == ("Running", "gpu-0")
+    assert views["llm-1-0"].deleting
+    # A pod of the same name made since, and one not delivered yet: just created.
+    for name in ("llm-1-1", "llm-1-2"):
+        assert (views[name].phase, views[name].node, views[name].deleting) == (
+            "Pending",
+            None,
+            False,
+        )

@@ -24,6 +24,8 @@ from urllib3.exceptions import HTTPError
 JSON = "application/json"
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
+# A list answered with each object's metadata only (its name, labels, times), not its body.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 # Errors worth retrying with a delay: conflicts, throttling, the apiserver's own failures.
 TRANSIENT_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 REQUEST_TIMEOUT_SECONDS = 30.0
@@ -93,9 +95,10 @@ class Kube:
         body: Any = None,
         query: dict[str, str] | None = None,
         content_type: str = JSON,
+        accept: str = JSON,
     ) -> dict[str, Any]:
         """Send one request; return the decoded answer or raise KubeError."""
-        headers = {"Accept": JSON, "Content-Type": content_type}
+        headers = {"Accept": accept, "Content-Type": content_type}
         try:
             status, reason, data = self._send(
                 method, path, list((query or {}).items()), headers, body

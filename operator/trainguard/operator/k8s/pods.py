@@ -8,6 +8,7 @@ Secret that does not exist is told nowhere else; the operator never reads Secret
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -17,7 +18,7 @@ from trainguard.api.status import Preflight, Staging
 from trainguard.operator.build.constants import FIELD_MANAGER, Container
 from trainguard.operator.build.names import attempt_of, member_of
 from trainguard.operator.conditions import preflight_condition, staging_condition
-from trainguard.operator.k8s.client import Kube, KubeError, object_path
+from trainguard.operator.k8s.client import METADATA_LIST, Kube, KubeError, object_path
 from trainguard.operator.policies import initsteps, inputs
 from trainguard.operator.policies.inputs import Waiting
 from trainguard.operator.policies.lifecycle import PodView
@@ -239,12 +240,32 @@ def delete_pod(kube: Kube, namespace: str, name: str, force: bool = False) -> No
             raise
 
 
-def list_pods(kube: Kube, namespace: str, run: str) -> tuple[PodView, ...]:
-    """The run's pods as the apiserver has them now (not as a watch last reported them)."""
+def current_pods(
+    kube: Kube, namespace: str, run: str, watched: Iterable[PodView]
+) -> tuple[PodView, ...]:
+    """The run's pods as the apiserver has them now, not only as a watch last reported them.
+
+    Asked for their metadata only: which pods exist is what a lagging watch gets wrong, and a
+    thousand members' whole pods would be megabytes for the apiserver to send and for this
+    process to decode. A pod the watch reported is taken as it reported it; one it has not
+    delivered yet is taken from its metadata (just created: Pending, on no node); one the
+    apiserver no longer has is gone. A pod the apiserver marks for deletion is deleting.
+    """
     answer = kube.request(
         "GET",
         object_path("v1", "pods", namespace, None),
         query={"labelSelector": f"{LABEL_RUN}={run}"},
+        accept=METADATA_LIST,
     )
-    views = (pod_view(item) for item in answer.get("items") or [])
-    return tuple(view for view in views if view is not None)
+    seen = {pod.name: pod for pod in watched}
+    views: list[PodView] = []
+    for item in answer.get("items") or []:
+        now = pod_view(item)
+        if now is None:
+            continue
+        before = seen.get(now.name)
+        if before is None or before.created != now.created:  # not delivered yet, or a new pod
+            views.append(now)
+        else:
+            views.append(replace(before, deleting=before.deleting or now.deleting))
+    return tuple(views)

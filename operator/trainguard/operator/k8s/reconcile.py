@@ -48,7 +48,7 @@ from trainguard.operator.k8s.client import Kube, KubeError, concurrently
 from trainguard.operator.k8s.leases import order_generation
 from trainguard.operator.k8s.nodehealth import NodeChecks, report_node
 from trainguard.operator.k8s.nodes import node_ready
-from trainguard.operator.k8s.pods import create_pod, delete_pod, list_pods, with_mount_failures
+from trainguard.operator.k8s.pods import create_pod, current_pods, delete_pod, with_mount_failures
 from trainguard.operator.k8s.volumes import read_hot_path
 from trainguard.operator.policies import (
     backoff,
@@ -171,7 +171,7 @@ def reconcile(
         # attempt, or taking a gang with a member missing down, ask the apiserver itself
         # which pods the run has.
         decision = lifecycle.decide(
-            run, list_pods(kube, namespace, run.metadata.name or ""), desired, now
+            run, current_pods(kube, namespace, run.metadata.name or "", pods), desired, now
         )
     decision, wait = backoff.hold(decision, run.status or old, run.spec.recovery.backoff, now)
     placement = None
