@@ -219,7 +219,6 @@ class Members:
         self.rest = rest
         self.path = pods_path
         self.pods: dict[str, dict[str, Any]] = {}
-        self.running: set[str] = set()  # kept with the pods: a check costs no pass over them
         self.changed = threading.Condition()
         self.error: BaseException | None = None
         self.stopped = False
@@ -231,7 +230,6 @@ class Members:
         listing = self.rest.get(self.path)
         with self.changed:
             self.pods = {p["metadata"]["name"]: p for p in listing["items"]}
-            self.running = {name for name, pod in self.pods.items() if _running(pod)}
             self.changed.notify_all()
         return str(listing["metadata"]["resourceVersion"])
 
@@ -246,13 +244,10 @@ class Members:
                     self._version = pod["metadata"]["resourceVersion"]
                     with self.changed:
                         name = pod["metadata"]["name"]
-                        self.running.discard(name)
                         if event["type"] == "DELETED":
                             self.pods.pop(name, None)
                         else:
                             self.pods[name] = pod
-                            if _running(pod):
-                                self.running.add(name)
                         self.changed.notify_all()
         except BaseException as err:  # handed to the waiting thread
             with self.changed:
@@ -260,8 +255,8 @@ class Members:
                 self.changed.notify_all()
 
     def all_running(self, members: int) -> bool:
-        """Whether every member pod exists and is Running (called holding `changed`)."""
-        return len(self.running) == members and len(self.pods) == members
+        """Whether a pod runs for every member (only Running pods are watched; hold `changed`)."""
+        return len(self.pods) == members
 
     def wait(
         self, check: Callable[[], bool], deadline: float, what: str
@@ -281,10 +276,6 @@ class Members:
     def stop(self) -> None:
         """Stop following (the watch ends at its timeout; the thread is a daemon)."""
         self.stopped = True
-
-
-def _running(pod: dict[str, Any]) -> bool:
-    return bool(pod.get("status", {}).get("phase") == "Running")
 
 
 def measure_gang(
