@@ -24,6 +24,7 @@ import yaml
 from operator_proc import POOL_LABEL, apply, condition, get_json, pods_of, pool_run
 
 from trainguard.api.constants import (
+    ANNOTATION_ENV_CONFIG,
     ANNOTATION_GANG_GENERATION,
     ANNOTATION_VERDICT,
     ANNOTATION_VERDICT_GENERATION,
@@ -35,6 +36,7 @@ from trainguard.operator.build.names import rbac_name
 from trainguard.operator.policies.lifecycle import GANG_RETRY_SECONDS, GANG_UNSCHEDULABLE_SECONDS
 from trainguard_dev.cluster.cluster import Cluster
 from trainguard_dev.cluster.nodes import gpu_node
+from trainguard_dev.testing.podenv import config_map_data, container_environment
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import OperatorProcess
 
@@ -99,7 +101,9 @@ def test_a_gang_places_each_member_on_its_own_node_with_a_stable_name(
         assert pod["spec"]["subdomain"] == "pair-gang"
         assert pod["metadata"]["labels"][LABEL_MEMBER] == str(index)
         trainer = pod["spec"]["containers"][0]
-        told = {e["name"]: e.get("value") for e in trainer["env"]}
+        config = pod["metadata"]["annotations"][ANNOTATION_ENV_CONFIG]
+        shared = get_json(cluster, "configmap", config, "-n", namespace)
+        told = container_environment(trainer, config_map_data(shared))
         assert told["TRAINGUARD_NODE_RANK"] == str(index)
         assert told["TRAINGUARD_NNODES"] == "2"
         assert told["TRAINGUARD_MASTER_ADDR"] == "pair-0.pair-gang"

@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 from operator_proc import apply, condition, get_json, pods_of, pool_run
 
+from trainguard.api.constants import ANNOTATION_ENV_CONFIG
 from trainguard.contract import env
 from trainguard_dev.cluster.cluster import Cluster
+from trainguard_dev.testing.podenv import config_map_data, container_environment
 from trainguard_dev.testing.polling import eventually
 from trainguard_dev.testing.processes import OperatorProcess
 
@@ -132,7 +134,15 @@ def test_minimal_example_yields_one_guarded_pod(
         "/trainguard/logs": "logs",
     }
 
-    variables = {e["name"]: e.get("value", e.get("valueFrom")) for e in trainer["env"]}
+    # The variables every pod of the run shares come from its env ConfigMap (immutable, owned
+    # by the run); the pod's own `env` adds what is its alone.
+    config_name = meta["annotations"][ANNOTATION_ENV_CONFIG]
+    config = get_json(cluster, "configmap", config_name, "-n", namespace)
+    assert config["immutable"] is True
+    assert config["metadata"]["ownerReferences"][0]["uid"] == run["metadata"]["uid"]
+    assert trainer["envFrom"] == [{"configMapRef": {"name": config_name}}]
+    variables: dict[str, Any] = container_environment(trainer, config_map_data(config))
+    variables.update({e["name"]: e["valueFrom"] for e in trainer["env"] if "valueFrom" in e})
     assert variables[env.RUN_NAME] == "minimal"
     assert variables[env.RUN_UID] == run["metadata"]["uid"]
     assert variables[env.NAMESPACE] == namespace

@@ -236,6 +236,31 @@ def test_a_secret_volume_holds_its_keys_with_the_volumes_mode(
     assert terminated["message"].split() == ["400", "s3cr3t"]
 
 
+def test_a_configmap_gives_its_keys_to_envfrom_and_env_entries_win(
+    cluster: Cluster, namespace: str
+) -> None:
+    # As the kubelet does: every key of the ConfigMap, mount paths rewritten like any value,
+    # and the container's own `env` over a key of the same name.
+    cluster.kubectl(
+        "-n", namespace, "create", "configmap", "shared",
+        "--from-literal=KEYS=/keys/token", "--from-literal=KEPT=map", "--from-literal=ONLY=map",
+    )  # fmt: skip
+    cluster.kubectl(
+        "-n", namespace, "create", "secret", "generic", "keys", "--from-literal=token=s3cr3t"
+    )
+    log = "$TRAINGUARD_TERMINATION_LOG"
+    script = f'cat "$KEYS" > "{log}"; echo " $KEPT $ONLY" >> "{log}"'
+    manifest = _one_shot("from-config", process_node_name(0), script)
+    manifest["spec"]["volumes"] = [{"name": "keys", "secret": {"secretName": "keys"}}]
+    main = manifest["spec"]["containers"][0]
+    main["volumeMounts"] = [{"name": "keys", "mountPath": "/keys"}]
+    main["envFrom"] = [{"configMapRef": {"name": "shared"}}]
+    main["env"] = [{"name": "KEPT", "value": "pod"}]
+    cluster.kubectl("-n", namespace, "create", "-f", "-", input=json.dumps(manifest))
+    terminated = _terminated(cluster, namespace, "from-config")
+    assert terminated["message"].split() == ["s3cr3t", "pod", "map"]
+
+
 def _live(pid: int) -> bool:
     """Whether process `pid` runs (a zombie has ended: only its exit status is left)."""
     return proc_state(pid) not in (None, "Z")

@@ -11,7 +11,14 @@ from trainguard.api import TrainingRun
 from trainguard.contract import env
 from trainguard.contract.env import ContractError, PodEnv, layer_path_env, layer_secrets_env
 from trainguard.layers import Credentials
-from trainguard.operator.build.pod import PodInputs, spec_hash, training_pod
+from trainguard.operator.build.pod import (
+    PodInputs,
+    pod_env,
+    pods_env_config,
+    spec_hash,
+    training_pod,
+)
+from trainguard_dev.testing.podenv import config_map_data, container_environment
 
 # The builder and the agent share the contract's one spelling of the per-layer variables.
 built_secrets_env = layer_secrets_env
@@ -58,8 +65,18 @@ BACKUP_LAYER = {
 S3_LAYER = {"name": "s3", "uri": "s3://ckpts/llm", "credentialsSecret": {"name": "s3-creds"}}
 
 
+# The env ConfigMaps of the pods built here, by name: what the kubelet would find.
+CONFIGS: dict[str, dict[str, str]] = {}
+
+
+def built(run: TrainingRun, inputs: PodInputs) -> dict[str, Any]:
+    """The pod, its env ConfigMap kept in CONFIGS."""
+    CONFIGS.update(config_map_data(pods_env_config(run, inputs.attempt)))
+    return training_pod(run, inputs)
+
+
 def pod(spec: dict[str, Any] | None = None, attempt: int = 1, **inputs: Any) -> dict[str, Any]:
-    return training_pod(make_run(spec), PodInputs(attempt, agent_image=IMAGE, **inputs))
+    return built(make_run(spec), PodInputs(attempt, agent_image=IMAGE, **inputs))
 
 
 def containers(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -68,7 +85,10 @@ def containers(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
-    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    """The container's variables (its ConfigMap's, then its own); a downward one as its source."""
+    values: dict[str, Any] = container_environment(container, CONFIGS)
+    values.update({e["name"]: e["valueFrom"] for e in container["env"] if "valueFrom" in e})
+    return values
 
 
 def mounts(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -90,7 +110,10 @@ def test_minimal_pod_field_by_field() -> None:
         "trainguard.dev/component": "training-pod",
         "app.kubernetes.io/managed-by": "trainguard",
     }
-    assert meta["annotations"] == {"trainguard.dev/spec-hash": spec_hash(make_run().spec)}
+    assert meta["annotations"] == {
+        "trainguard.dev/spec-hash": spec_hash(make_run().spec),
+        "trainguard.dev/env-config": pods_env_config(make_run(), 3)["metadata"]["name"],
+    }
     assert meta["ownerReferences"] == [
         {
             "apiVersion": "trainguard.dev/v1alpha1",
@@ -206,11 +229,11 @@ def test_only_the_agent_holds_the_api_token() -> None:
 def test_every_container_gets_the_whole_env_contract() -> None:
     run = make_run({"data": {"source": {"uri": "s3://shards/x"}, "size": "2Gi"}}).to_object()
     run["status"] = {"fences": [{"attempt": 1, "step": 40, "time": "2026-12-01T10:00:00Z"}]}
-    manifest = training_pod(TrainingRun.from_object(run), PodInputs(2, agent_image=IMAGE))
+    manifest = built(TrainingRun.from_object(run), PodInputs(2, agent_image=IMAGE))
     for container in containers(manifest).values():
         names = [e["name"] for e in container["env"]]
         assert len(names) == len(set(names)), container["name"]
-        assert set(names) >= CONTRACT, container["name"]
+        assert set(env_of(container)) >= CONTRACT, container["name"]
     values = env_of(containers(manifest)["trainer"])
     assert values[env.RUN_NAME] == "llm"
     assert values[env.RUN_UID] == UID
@@ -242,6 +265,36 @@ def test_sizes_the_run_does_not_declare_are_left_out() -> None:
     assert not {env.CKPT_BYTES, env.DATA_BYTES, env.DATA_SOURCE, env.DATA_DIR} & set(values)
 
 
+def test_the_shared_variables_travel_once_in_an_immutable_configmap_owned_by_the_run() -> None:
+    run = make_run({"checkpoints": {"remote": [S3_LAYER]}})
+    config = pods_env_config(run, 2)
+    name = config["metadata"]["name"]
+    assert config["kind"] == "ConfigMap" and config["immutable"] is True
+    assert name.startswith("llm-env-") and config["metadata"]["namespace"] == "team-a"
+    assert config["metadata"]["labels"]["trainguard.dev/component"] == "pod-env"
+    assert config["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert config["data"] == pod_env(run, 2).shared_env()
+    assert not env.MEMBER_VARIABLES & set(config["data"])
+    manifest = built(run, PodInputs(2, agent_image=IMAGE))
+    for container in containers(manifest).values():
+        assert container["envFrom"] == [{"configMapRef": {"name": name}}], container["name"]
+        own = {e["name"] for e in container["env"]}
+        # Only what differs between pods, the downward API's names and a Secret's mount.
+        assert own <= {*env.MEMBER_VARIABLES, *env.DOWNWARD_API, built_secrets_env("s3")}
+        assert own >= {env.ATTEMPT, env.LEASE_NAME, env.NODE_RANK, *env.DOWNWARD_API}
+    assert env_of(containers(manifest)["agent"])[built_secrets_env("s3")]
+    assert built_secrets_env("s3") not in env_of(containers(manifest)["trainer"])
+
+
+def test_the_configmap_is_named_by_its_content() -> None:
+    fenced = {"fences": [{"attempt": 1, "step": 40, "time": "2026-12-01T10:00:00Z"}]}
+    name = pods_env_config(make_run(), 1)["metadata"]["name"]
+    # Attempts and fences stay in the pods: every attempt of a spec shares one ConfigMap.
+    assert pods_env_config(make_run(status=fenced), 5)["metadata"]["name"] == name
+    changed = make_run({"checkpoints": {"l1": {"keepLast": 4}}})
+    assert pods_env_config(changed, 1)["metadata"]["name"] != name
+
+
 def test_user_env_is_kept_but_cannot_override_the_contract() -> None:
     manifest = pod(
         {
@@ -249,6 +302,7 @@ def test_user_env_is_kept_but_cannot_override_the_contract() -> None:
                 "env": [
                     {"name": "NCCL_DEBUG", "value": "INFO"},
                     {"name": env.ATTEMPT, "value": "99"},
+                    {"name": env.KEEP_LAST, "value": "99"},
                 ]
             }
         }
@@ -256,6 +310,9 @@ def test_user_env_is_kept_but_cannot_override_the_contract() -> None:
     trainer = containers(manifest)["trainer"]
     assert trainer["env"][0] == {"name": "NCCL_DEBUG", "value": "INFO"}
     assert env_of(trainer)[env.ATTEMPT] == "1"
+    # A variable the ConfigMap carries is not in `env`, where it would win over the ConfigMap.
+    assert env.KEEP_LAST not in {e["name"] for e in trainer["env"]}
+    assert env_of(trainer)[env.KEEP_LAST] == "2"
 
 
 INIT_STEPS: list[tuple[str, dict[str, Any], list[str]]] = [

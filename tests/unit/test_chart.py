@@ -41,7 +41,6 @@ NAMESPACED: Obj = {"operator": {"watchNamespaces": ["team-a", "team-b"]}}
 # someone else, and touching workloads that are not training pods.
 FORBIDDEN_RESOURCES = {
     "secrets",
-    "configmaps",
     "deployments",
     "statefulsets",
     "daemonsets",
@@ -57,6 +56,10 @@ FORBIDDEN_RESOURCES = {
     "namespaces/finalize",
 }
 FORBIDDEN_VERBS = {"*", "escalate", "bind", "impersonate", "deletecollection"}
+# Never read, in any mode (users keep configuration in them): the operator writes and deletes
+# its runs' env ConfigMaps by name, blind.
+UNREAD_RESOURCES = {"configmaps"}
+READ_VERBS = {"get", "list", "watch"}
 # Objects the operator must never delete: the user's runs, nodes, claims and volumes.
 NEVER_DELETED = {"trainingruns", "nodes", "persistentvolumeclaims", "persistentvolumes"}
 METRICS = (
@@ -192,6 +195,7 @@ def test_rbac_grants_nothing_from_the_forbidden_list(values: Obj) -> None:
     assert triples
     assert not {t for t in triples if t[1] in FORBIDDEN_RESOURCES or t[1] == "*"}
     assert not {t for t in triples if t[2] in FORBIDDEN_VERBS}
+    assert not {t for t in triples if t[1] in UNREAD_RESOURCES and t[2] in READ_VERBS}
     assert not {t for t in triples if t[1] in NEVER_DELETED and t[2] == "delete"}
     assert not {t for t in triples if t[0] == "*"}
     # Only status and bookkeeping of runs are written: never their spec by update.

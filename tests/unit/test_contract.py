@@ -16,10 +16,12 @@ import pytest
 
 from trainguard.agent.verdicts import Thresholds
 from trainguard.api import TrainingRun
+from trainguard.api.constants import ANNOTATION_ENV_CONFIG
 from trainguard.api.spec import DEFAULT_DATA_DIR, Monitor, Recovery
 from trainguard.contract import env, files
 from trainguard.contract.env import ContractError, PodEnv
-from trainguard.operator.build.pod import PodInputs, pod_env, training_pod
+from trainguard.operator.build.pod import PodInputs, pod_env, pods_env_config, training_pod
+from trainguard_dev.testing.podenv import config_map_data, container_environment
 from trainguard_dev.testing.runs import example_run, training_run
 from trainguard_harness.settings import HarnessSettings
 
@@ -56,16 +58,10 @@ def full_run() -> TrainingRun:
     return TrainingRun.from_object(run)
 
 
-def as_kubelet_sets_it(container: dict[str, Any]) -> dict[str, str]:
-    """The container's environment once the kubelet has resolved the downward API."""
+def as_kubelet_sets_it(container: dict[str, Any], config: dict[str, Any]) -> dict[str, str]:
+    """The container's environment once the kubelet has resolved the ConfigMap and downward API."""
     fields = {"metadata.name": POD, "spec.nodeName": NODE}
-    result = {}
-    for item in container["env"]:
-        if "valueFrom" in item:
-            result[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
-        else:
-            result[item["name"]] = item["value"]
-    return result
+    return container_environment(container, config_map_data(config), fields)
 
 
 def expected_from_spec(
@@ -132,7 +128,9 @@ def test_spec_to_env_to_reader_gives_back_every_field(container: str) -> None:
     manifest = training_pod(run, PodInputs(3, agent_image="trainguard:test"))
     spec = manifest["spec"]
     by_name = {c["name"]: c for c in [*spec["initContainers"], *spec["containers"]]}
-    read = PodEnv.from_env(as_kubelet_sets_it(by_name[container]))
+    config = pods_env_config(run, 3)
+    assert manifest["metadata"]["annotations"][ANNOTATION_ENV_CONFIG] == config["metadata"]["name"]
+    read = PodEnv.from_env(as_kubelet_sets_it(by_name[container], config))
     expected = expected_from_spec(
         run,
         with_secrets=container in ("agent", "restore"),

@@ -15,6 +15,7 @@ from run_factory import make_run
 
 from trainguard.api import TrainingRun
 from trainguard.api.constants import (
+    ANNOTATION_ENV_CONFIG,
     LABEL_ATTEMPT,
     LABEL_MEMBER,
     LABEL_RUN,
@@ -29,7 +30,13 @@ from trainguard.contract.env import PodEnv
 from trainguard.operator.build.constants import OperatorReason
 from trainguard.operator.build.lease import leases
 from trainguard.operator.build.names import gang_service_name, member_hostname, pod_name
-from trainguard.operator.build.pod import PodInputs, gang_pods, spec_hash, training_pod
+from trainguard.operator.build.pod import (
+    PodInputs,
+    gang_pods,
+    pods_env_config,
+    spec_hash,
+    training_pod,
+)
 from trainguard.operator.build.role import role
 from trainguard.operator.build.service import gang_service
 from trainguard.operator.k8s.leases import lease_view
@@ -47,6 +54,7 @@ from trainguard.operator.policies.lifecycle import (
     state,
 )
 from trainguard.operator.policies.signals import LeaseView
+from trainguard_dev.testing.podenv import config_map_data, container_environment
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -58,9 +66,14 @@ def gang_run(status: dict[str, Any] | None = None, nodes: int = 3) -> TrainingRu
     return make_run({"trainer": {"nodes": nodes}}, status)
 
 
-def env_of(manifest: dict[str, Any]) -> dict[str, str]:
-    (trainer,) = manifest["spec"]["containers"]
-    return {e["name"]: e["value"] for e in trainer["env"] if "value" in e}
+def env_of(
+    manifest: dict[str, Any], run: TrainingRun, container: str = "trainer"
+) -> dict[str, str]:
+    """A container's variables, the run's env ConfigMap's included (downward ones left out)."""
+    spec = manifest["spec"]
+    (found,) = [c for c in [*spec["initContainers"], *spec["containers"]] if c["name"] == container]
+    attempt = int(manifest["metadata"]["labels"][LABEL_ATTEMPT])
+    return container_environment(found, config_map_data(pods_env_config(run, attempt)))
 
 
 # -- API ---------------------------------------------------------------------------------------
@@ -88,8 +101,8 @@ def test_a_one_pod_run_builds_exactly_the_pod_it_always_built() -> None:
     assert only["metadata"]["name"] == "llm-2"
     assert LABEL_MEMBER not in only["metadata"]["labels"]
     assert "hostname" not in only["spec"] and "subdomain" not in only["spec"]
-    assert env_of(only)[env.LEASE_NAME] == "llm-heartbeat"
-    assert env.MASTER_ADDR not in env_of(only)
+    assert env_of(only, run)[env.LEASE_NAME] == "llm-heartbeat"
+    assert env.MASTER_ADDR not in env_of(only, run)
     assert [c["kind"] for c in companions(run)] == [
         "ServiceAccount",
         "Role",
@@ -111,18 +124,20 @@ def test_each_member_has_its_stable_name_rank_and_lease() -> None:
         # Every member carries the run's exclusions.
         terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert terms["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["gpu-9"]
-        told = PodEnv.from_env(env_of(manifest))
+        told = PodEnv.from_env(env_of(manifest, run))
         assert (told.nnodes, told.node_rank) == (3, member)
         assert told.master_addr == "llm-0.llm-gang"
         assert told.master_port == env.DEFAULT_MASTER_PORT
         assert told.lease == ("llm-heartbeat" if member == 0 else f"llm-heartbeat-{member}")
         # Init steps and the agent are told the same contract (the agent renews its Lease).
-        agent = manifest["spec"]["initContainers"][0]
-        agent_env = {e["name"]: e.get("value") for e in agent["env"]}
+        agent_env = env_of(manifest, run, "agent")
         assert agent_env[env.LEASE_NAME] == told.lease
         assert agent_env[env.NODE_RANK] == str(member)
-    # The members differ only in what names them.
+        # What every member is told alike travels once, in the run's env ConfigMap.
+        assert env.NNODES not in {e["name"] for e in manifest["spec"]["containers"][0]["env"]}
+    # The members differ only in what names them, and share one env ConfigMap.
     assert pods[0]["spec"]["volumes"] == pods[2]["spec"]["volumes"]
+    assert len({p["metadata"]["annotations"][ANNOTATION_ENV_CONFIG] for p in pods}) == 1
     assert spec_hash(run.spec) == pods[1]["metadata"]["annotations"]["trainguard.dev/spec-hash"]
 
 

@@ -12,7 +12,14 @@ from trainguard.api import TrainingRunSpec
 from trainguard.api.constants import MAX_NODES
 from trainguard.contract import env
 from trainguard.contract.env import PodEnv
-from trainguard.operator.build.pod import ADDED_DEFAULTS, PodInputs, spec_hash, training_pod
+from trainguard.operator.build.pod import (
+    ADDED_DEFAULTS,
+    PodInputs,
+    pods_env_config,
+    spec_hash,
+    training_pod,
+)
+from trainguard_dev.testing.podenv import config_map_data, container_environment
 
 pytestmark = pytest.mark.unit
 
@@ -90,9 +97,11 @@ def test_setting_ranks_is_a_spec_change() -> None:
     ],
 )
 def test_the_trainer_is_told_its_ranks_per_pod(fields: dict[str, Any], expected: str) -> None:
-    manifest = training_pod(make_run({"trainer": fields}), PodInputs(1, agent_image="agent:1"))
+    run = make_run({"trainer": fields})
+    manifest = training_pod(run, PodInputs(1, agent_image="agent:1"))
     (trainer_container,) = manifest["spec"]["containers"]
-    values = {e["name"]: e.get("value") for e in trainer_container["env"]}
+    config = config_map_data(pods_env_config(run, 1))
+    values = container_environment(trainer_container, config)
     assert values[env.PROCS_PER_NODE] == expected
     assert PodEnv.from_env(values).procs_per_node == int(expected)
 

@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from run_factory import NAMESPACE, UID, make_run
 
-from trainguard.api.constants import Verdict
+from trainguard.api.constants import ANNOTATION_ENV_CONFIG, Verdict
 from trainguard.api.status import LayerCheckpoint
 from trainguard.operator.k8s.client import METADATA_LIST, KubeError
+from trainguard.operator.k8s.envconfigs import unused
 from trainguard.operator.k8s.nodehealth import NodeChecks
 from trainguard.operator.k8s.pods import current_pods, pod_view
 from trainguard.operator.k8s.reconcile import Settings, reconcile
@@ -52,6 +53,7 @@ class FakeApi:
     events: list[dict[str, Any]] = field(default_factory=list)
     requests: int = 0
     crash_at: int | None = None
+    writes: list[str] = field(default_factory=list)  # paths written (PATCH, POST), in order
 
     def request(
         self,
@@ -75,6 +77,7 @@ class FakeApi:
             return target
         if method == "PATCH":
             assert query == {"fieldManager": "trainguard", "force": "true"}
+            self.writes.append(path)
             self.objects[path] = copy.deepcopy(body)
             return body
         if method == "DELETE":
@@ -89,6 +92,7 @@ class FakeApi:
         if method == "POST" and path.endswith("/pods"):
             assert query == {"fieldManager": "trainguard"}
             created = f"{path}/{body['metadata']['name']}"
+            self.writes.append(created)
             if created in self.objects:
                 raise KubeError(409, "Conflict", f"pods {body['metadata']['name']} exists")
             self.objects[created] = copy.deepcopy(body)
@@ -125,11 +129,61 @@ def test_a_clean_cycle_creates_the_companions_then_the_pod_then_the_status() -> 
     api = api_with_run()
     cycle(api)
     kinds = sorted(p.split("/")[-2] for p in api.objects if p != RUN_PATH)
-    assert kinds == ["leases", "pods", "rolebindings", "roles", "serviceaccounts"]
+    assert kinds == ["configmaps", "leases", "pods", "rolebindings", "roles", "serviceaccounts"]
     assert [p["metadata"]["name"] for p in api.pods()] == ["llm-1"]
+    # The pod names the env ConfigMap, which exists before it.
+    config = f"/api/v1/namespaces/{NAMESPACE}/configmaps/" + env_config_of(api.pods()[0])
+    assert api.objects[config]["immutable"] is True
+    assert api.writes.index(config) < api.writes.index(f"/api/v1/namespaces/{NAMESPACE}/pods/llm-1")
     assert api.run()["status"]["attempt"] == 1
     assert [e["reason"] for e in api.events] == ["Scheduling"]
     assert all(e["involvedObject"]["uid"] == UID for e in api.events)
+
+
+def env_config_of(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["annotations"][ANNOTATION_ENV_CONFIG])
+
+
+def configmaps(api: FakeApi) -> list[str]:
+    return sorted(p.rpartition("/")[2] for p in api.objects if "/configmaps/" in p)
+
+
+def test_a_spec_change_leaves_the_new_pods_env_configmap_alone() -> None:
+    api = api_with_run()
+    cycle(api)
+    before = configmaps(api)
+    assert before == [env_config_of(api.pods()[0])]
+    api.objects[RUN_PATH]["spec"]["checkpoints"]["l1"] = {"keepLast": 4}
+    cycle(api)  # the outdated pod goes, and with it the ConfigMap only it named
+    cycle(api)  # the new pod comes, after its own ConfigMap
+    (pod,) = api.pods()
+    assert pod["metadata"]["name"] == "llm-2"
+    assert configmaps(api) == [env_config_of(pod)] != before
+
+
+def test_a_replaced_member_keeps_the_gangs_env_configmap() -> None:
+    api = api_with_run(trainer={"nodes": 3})
+    cycle(api)
+    names = {env_config_of(p) for p in api.pods()}
+    assert len(names) == 1 and configmaps(api) == sorted(names)
+    del api.objects[f"/api/v1/namespaces/{NAMESPACE}/pods/llm-1-1"]
+    cycle(api)
+    assert sorted(p["metadata"]["name"] for p in api.pods()) == ["llm-1-0", "llm-1-1", "llm-1-2"]
+    assert configmaps(api) == sorted(names)
+
+
+def test_an_env_configmap_goes_only_when_no_live_pod_names_it() -> None:
+    def pod(name: str, config: str | None, deleting: bool = False) -> PodView:
+        return PodView(name=name, attempt=1, env_config=config, deleting=deleting)
+
+    old, member, going = pod("a", "env-old"), pod("b", "env-new"), pod("c", "env-gone", True)
+    # The cycle deletes `a`; `b` stays; `c` is already being deleted.
+    assert unused([old, member, going], [member, going], "env-new") == ["env-gone", "env-old"]
+    # A member replaced in its attempt: the gang's other members still name its ConfigMap.
+    assert unused([pod("a", "env-new"), member], [member], "env-new") == []
+    # The current one stays even when no pod names it yet; pods from before env ConfigMaps
+    # name none.
+    assert unused([pod("a", None)], [], "env-new") == []
 
 
 def test_a_crash_at_any_request_still_ends_with_exactly_one_pod() -> None:

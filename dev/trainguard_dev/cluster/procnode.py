@@ -572,6 +572,11 @@ class NodeRuntime:
         for mount in container.get("volumeMounts", []):
             if mount["name"] in pod.kubeconfigs:
                 env["KUBECONFIG"] = str(pod.kubeconfigs[mount["name"]])
+        # As the kubelet does: every key of `envFrom`'s ConfigMaps and Secrets, then `env`,
+        # whose entries win.
+        for origin in container.get("envFrom", []):
+            for key, text in self._env_from(pod, origin).items():
+                env[key] = self._rewrite(pod, container, text)
         for item in container.get("env", []):
             value = item.get("value")
             source = item.get("valueFrom")
@@ -580,6 +585,18 @@ class NodeRuntime:
             if value is not None:
                 env[item["name"]] = self._rewrite(pod, container, str(value))
         return env
+
+    def _env_from(self, pod: Pod, source: dict[str, Any]) -> dict[str, str]:
+        namespace = pod.obj["metadata"]["namespace"]
+        for ref, kind in (("secretRef", "secrets"), ("configMapRef", "configmaps")):
+            if ref in source:
+                obj = self.rest.get(f"/api/v1/namespaces/{namespace}/{kind}/{source[ref]['name']}")
+                prefix = source.get("prefix", "")
+                return {
+                    prefix + key: base64.b64decode(raw).decode() if kind == "secrets" else str(raw)
+                    for key, raw in (obj.get("data") or {}).items()
+                }
+        return {}
 
     def _env_source(self, pod: Pod, source: dict[str, Any]) -> str | None:
         meta = pod.obj["metadata"]

@@ -45,6 +45,8 @@ COMPONENT_GANG = "gang"
 COMPONENT_HEARTBEAT = "heartbeat"
 COMPONENT_RBAC = "rbac"
 COMPONENT_NODE_CHECK = "node-check"
+# The ConfigMap of the variables all of a run's pods share (`trainguard.contract.env`).
+COMPONENT_POD_ENV = "pod-env"
 
 # Annotations on the run's heartbeat Lease, written by the agent at every renewal.
 ANNOTATION_VERDICT = f"{PREFIX}verdict"
@@ -72,6 +74,8 @@ ANNOTATION_GANG_GENERATION = f"{PREFIX}gang-generation"
 ANNOTATION_VERDICT_GENERATION = f"{PREFIX}verdict-generation"
 # Hash of the spec a pod was built from: a changed hash means the pod is out of date.
 ANNOTATION_SPEC_HASH = f"{PREFIX}spec-hash"
+# The env ConfigMap a pod's containers take their shared variables from (`build.envconfig`).
+ANNOTATION_ENV_CONFIG = f"{PREFIX}env-config"
 # On a node: why and when trainguard tainted it (the taint itself carries only the reason).
 ANNOTATION_UNHEALTHY_SINCE = f"{PREFIX}unhealthy-since"
 

@@ -2,6 +2,9 @@
 
 The operator's pod builder writes `PodEnv.env_vars()` into every container of the pod; the
 agent, the init steps, the supervisor and the harness read `PodEnv.from_env()`. The variables
+all of a run's pods share (`PodEnv.shared_env()`: all but `MEMBER_VARIABLES` and the downward
+API's) travel in the run's env ConfigMap, which every container takes whole (`envFrom`); its
+`env` keeps the others (`trainguard.operator.build.envconfig`). The variables
 are defined here and nowhere else (a test fails when product code spells one elsewhere), and
 every default is the API's own (`trainguard.api.spec`), so a trainer run by hand and a pod
 built from an empty spec see the same values.
@@ -144,6 +147,9 @@ DEFAULT_MASTER_PORT = 29500
 LEASE_SUFFIX = "-heartbeat"
 # Fields whose values the kubelet fills in (downward API), not the operator.
 DOWNWARD_API = {POD_NAME: "metadata.name", NODE_NAME: "spec.nodeName"}
+# Variables that differ between the pods of one run (a gang's members, successive attempts):
+# they stay in each pod's containers, never in the run's shared env ConfigMap.
+MEMBER_VARIABLES = frozenset({ATTEMPT, FENCES, LEASE_NAME, NODE_RANK})
 
 
 class ContractError(ValueError):
@@ -298,6 +304,10 @@ class PodEnv(BaseModel):
         for name, path in self.layer_secrets.items():
             values[layer_secrets_env(name)] = path
         return values
+
+    def shared_env(self) -> dict[str, str]:
+        """The variables every pod of the run has alike: `to_env()` less `MEMBER_VARIABLES`."""
+        return {k: v for k, v in self.to_env().items() if k not in MEMBER_VARIABLES}
 
     def env_vars(self) -> list[dict[str, Any]]:
         """The container `env` list: `to_env()` plus the downward API's pod and node names."""

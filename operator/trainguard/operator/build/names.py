@@ -17,6 +17,8 @@ from trainguard.api.constants import (
 # The headless Service of a gang is `<run>` + this suffix (`trainguard.api.trainingrun` bounds a
 # gang's run name so that it stays a DNS label).
 GANG_SERVICE_SUFFIX = "-gang"
+# The env ConfigMap of a run is `<run>` + this + a digest of its content.
+ENV_CONFIG_INFIX = "-env-"
 
 
 def pod_name(run: str, attempt: int, member: int | None = None) -> str:
@@ -41,6 +43,11 @@ def member_hostname(run: str, member: int) -> str:
 def member_address(run: str, member: int) -> str:
     """Member m's stable name, resolved by the cluster DNS in the run's namespace."""
     return f"{member_hostname(run, member)}.{gang_service_name(run)}"
+
+
+def env_config_name(run: str, digest: str) -> str:
+    """The run's env ConfigMap holding the shared variables whose digest is `digest`."""
+    return f"{run}{ENV_CONFIG_INFIX}{digest}"
 
 
 def rbac_name(run: str) -> str:

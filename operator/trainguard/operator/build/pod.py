@@ -4,7 +4,9 @@ Containers, in start order: the agent as a native sidecar (an init container wit
 `restartPolicy: Always`, so it watches the init steps too), the init steps `preflight`,
 `stage-data` (when the data is staged) and `restore` (when there is a layer to restore
 from), then the trainer under the supervisor. Every container gets the env contract of
-`trainguard.contract.env`; the trainer's hot path (data, L1) is on local volumes sized by
+`trainguard.contract.env`: the variables all of the run's pods share from the run's env
+ConfigMap (`build.envconfig`, named in the pod's `env-config` annotation), the rest in its own
+`env`; the trainer's hot path (data, L1) is on local volumes sized by
 `trainguard.operator.build.sizing`; L0 is a memory-backed emptyDir in the trainer (and,
 read-only, in the agent, which reports its newest checkpoint); remote-layer volumes are
 mounted into the agent and the restore step only, never into the trainer.
@@ -34,6 +36,7 @@ from typing import Any
 
 from trainguard.api import TrainingRun, TrainingRunSpec
 from trainguard.api.constants import (
+    ANNOTATION_ENV_CONFIG,
     ANNOTATION_SPEC_HASH,
     COMPONENT_TRAINING_POD,
     TAINT_UNHEALTHY,
@@ -73,6 +76,7 @@ from trainguard.operator.build.constants import (
     Container,
     Volume,
 )
+from trainguard.operator.build.envconfig import config_name, env_config, take_shared
 from trainguard.operator.build.meta import child_meta, run_name
 from trainguard.operator.build.names import (
     gang_service_name,
@@ -169,6 +173,9 @@ def training_pod(run: TrainingRun, inputs: PodInputs) -> dict[str, Any]:
         pod_spec["tolerations"] = tolerations
     if inputs.excluded_nodes:
         pod_spec["affinity"] = _excluding(inputs.excluded_nodes)
+    shared = contract.shared_env()
+    config = config_name(name, shared)
+    take_shared([*pod_spec["initContainers"], *pod_spec["containers"]], config, shared)
     labels = pod_labels(name, COMPONENT_TRAINING_POD, inputs.attempt)
     if inputs.member is not None:
         pod_spec["hostname"] = member_hostname(name, inputs.member)
@@ -181,7 +188,7 @@ def training_pod(run: TrainingRun, inputs: PodInputs) -> dict[str, Any]:
             run,
             pod_name(name, inputs.attempt, inputs.member),
             labels,
-            {ANNOTATION_SPEC_HASH: spec_hash(spec)},
+            {ANNOTATION_SPEC_HASH: spec_hash(spec), ANNOTATION_ENV_CONFIG: config},
         ),
         "spec": pod_spec,
     }
@@ -195,6 +202,11 @@ def gang_pods(
     if nodes == 1:
         return [training_pod(run, inputs)]
     return [training_pod(run, replace(inputs, member=m)) for m in members or range(nodes)]
+
+
+def pods_env_config(run: TrainingRun, attempt: int) -> dict[str, Any]:
+    """The env ConfigMap that the pods of attempt `attempt` take their shared variables from."""
+    return env_config(run, pod_env(run, attempt, None if run.spec.trainer.nodes == 1 else 0))
 
 
 def termination_grace_seconds(spec: TrainingRunSpec) -> int:

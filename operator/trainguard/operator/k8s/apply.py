@@ -26,6 +26,7 @@ PLURALS = {
     "RoleBinding": "rolebindings",
     "Lease": "leases",
     "Service": "services",
+    "ConfigMap": "configmaps",
     KIND: PLURAL,
 }
 APPLY_QUERY = {"fieldManager": FIELD_MANAGER, "force": "true"}

@@ -13,7 +13,12 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from trainguard.api.constants import ANNOTATION_SPEC_HASH, LABEL_RUN, StagingPhase
+from trainguard.api.constants import (
+    ANNOTATION_ENV_CONFIG,
+    ANNOTATION_SPEC_HASH,
+    LABEL_RUN,
+    StagingPhase,
+)
 from trainguard.api.status import Preflight, Staging
 from trainguard.operator.build.constants import FIELD_MANAGER, Container
 from trainguard.operator.build.names import attempt_of, member_of
@@ -156,6 +161,7 @@ def pod_view(pod: dict[str, Any]) -> PodView | None:
         node=pod.get("spec", {}).get("nodeName") or None,
         deleting=meta.get("deletionTimestamp") is not None,
         spec_hash=(meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH),
+        env_config=(meta.get("annotations") or {}).get(ANNOTATION_ENV_CONFIG),
         unschedulable=scheduler_message(pod),
         unschedulable_since=unschedulable_since(pod),
         preflight_exit=exit_code,

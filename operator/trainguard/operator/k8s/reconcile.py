@@ -27,7 +27,7 @@ from trainguard.api.constants import Reason
 from trainguard.api.status import ExcludedNode
 from trainguard.api.trainingrun import ObjectMeta
 from trainguard.operator.build.lease import leases
-from trainguard.operator.build.pod import PodInputs, gang_pods, spec_hash
+from trainguard.operator.build.pod import PodInputs, gang_pods, pods_env_config, spec_hash
 from trainguard.operator.build.role import role
 from trainguard.operator.build.rolebinding import role_binding
 from trainguard.operator.build.service import gang_service
@@ -42,7 +42,7 @@ from trainguard.operator.conditions import (
     step_events,
     transition_events,
 )
-from trainguard.operator.k8s import events
+from trainguard.operator.k8s import envconfigs, events
 from trainguard.operator.k8s.apply import apply, apply_all, apply_status
 from trainguard.operator.k8s.client import Kube, KubeError, concurrently
 from trainguard.operator.k8s.leases import order_generation
@@ -170,9 +170,8 @@ def reconcile(
         # load: a pod created moments ago may not be listed yet. Before moving to a next
         # attempt, or taking a gang with a member missing down, ask the apiserver itself
         # which pods the run has.
-        decision = lifecycle.decide(
-            run, current_pods(kube, namespace, run.metadata.name or "", pods), desired, now
-        )
+        pods = current_pods(kube, namespace, run.metadata.name or "", pods)
+        decision = lifecycle.decide(run, pods, desired, now)
     decision, wait = backoff.hold(decision, run.status or old, run.spec.recovery.backoff, now)
     placement = None
     fence_events: list[EventSpec] = []
@@ -188,7 +187,7 @@ def reconcile(
             apply_status(kube, run.metadata, fenced)
             old = fenced
             run = run.model_copy(update={"status": fenced})
-    converge(kube, run, decision, placement, settings, full)
+    converge(kube, run, pods, decision, placement, settings, full)
     # After the replacement's pod exists: telling a thousand members takes seconds.
     tell_gang(kube, run, (*([] if lease is None else [lease]), *member_leases))
     state = lifecycle.state(run, decision, placement)
@@ -388,12 +387,17 @@ def _with_signals(
 def converge(
     kube: Kube,
     run: TrainingRun,
+    pods: tuple[PodView, ...],
     decision: Decision,
     placement: PlacementDecision | None,
     settings: Settings,
     full: bool,
 ) -> None:
-    """Apply the companions and the pod the decision asks for; delete the pods it drops."""
+    """Apply the companions and the pods the decision asks for; delete the pods it drops.
+
+    Pods are created after the env ConfigMap they name; an env ConfigMap that only the
+    deleted pods named goes with them (`k8s.envconfigs`).
+    """
     create = decision.create and not lifecycle.blocked(placement)
     namespace, name = run.metadata.namespace or "", run.metadata.name
     if full or (create and not decision.replace):
@@ -427,6 +431,8 @@ def converge(
     if create and decision.attempt is not None:
         excluded = tuple(n.node for n in (run.status or TrainingRunStatus()).excluded_nodes)
         inputs = PodInputs(decision.attempt, excluded, settings.agent_image)
+        config = pods_env_config(run, decision.attempt)
+        apply(kube, config)
         manifests = gang_pods(run, inputs, decision.replace)
         log.info(
             "%s/%s: creating pod %s%s (%s)",
@@ -437,6 +443,12 @@ def converge(
             decision.cause,
         )
         concurrently(lambda manifest: create_pod(kube, manifest), manifests)
+    if decision.delete:
+        dropped = {pod.name for pod in decision.delete}
+        kept = [pod for pod in pods if pod.name not in dropped]
+        current = pods_env_config(run, decision.attempt or 1)["metadata"]["name"]
+        unused = envconfigs.unused(pods, kept, current)
+        envconfigs.prune(kube, namespace, name or "", unused)
 
 
 def report(

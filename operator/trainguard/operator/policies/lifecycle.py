@@ -105,6 +105,8 @@ class PodView:
     member: int | None = None
     # When the apiserver created the pod: a member's Lease renewed before it is its predecessor's.
     created: datetime | None = None
+    # The env ConfigMap its containers take the shared variables from (`build.envconfig`).
+    env_config: str | None = None
 
 
 @dataclass(frozen=True)
