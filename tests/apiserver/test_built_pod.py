@@ -15,7 +15,7 @@ from trainguard.api import TrainingRun
 from trainguard.api.constants import MAX_NODES
 from trainguard.api.trainingrun import MAX_GANG_RUN_NAME_LENGTH
 from trainguard.operator.build.lease import lease
-from trainguard.operator.build.pod import PodInputs, training_pod
+from trainguard.operator.build.pod import PodInputs, pods_env_config, training_pod
 from trainguard.operator.build.role import role
 from trainguard.operator.build.service import gang_service
 from trainguard_dev.cluster.cluster import Cluster
@@ -81,7 +81,8 @@ def test_the_longest_gangs_children_pass_the_apiservers_validation(cluster: Clus
         )
     )
     pod = training_pod(run, PodInputs(3, agent_image="trainguard:test", member=MAX_NODES - 1))
-    children = [gang_service(run), lease(run, MAX_NODES - 1), role(run), pod]
+    config = pods_env_config(run, 3)
+    children = [gang_service(run), lease(run, MAX_NODES - 1), role(run), config, pod]
     cluster.kubectl("create", "namespace", namespace)
     try:
         cluster.kubectl(

@@ -161,6 +161,17 @@ def test_a_spec_change_leaves_the_new_pods_env_configmap_alone() -> None:
     assert configmaps(api) == [env_config_of(pod)] != before
 
 
+def test_a_full_cycle_puts_back_an_env_configmap_deleted_under_a_live_pod() -> None:
+    api = api_with_run()
+    cycle(api)
+    (name,) = configmaps(api)
+    del api.objects[f"/api/v1/namespaces/{NAMESPACE}/configmaps/{name}"]
+    cycle(api, full=False)  # a pod event's cycle creates nothing
+    assert configmaps(api) == []
+    cycle(api, full=True)  # the operator's start, a spec change: drift repaired
+    assert configmaps(api) == [name] == [env_config_of(p) for p in api.pods()]
+
+
 def test_a_replaced_member_keeps_the_gangs_env_configmap() -> None:
     api = api_with_run(trainer={"nodes": 3})
     cycle(api)

@@ -400,6 +400,8 @@ def converge(
     """
     create = decision.create and not lifecycle.blocked(placement)
     namespace, name = run.metadata.namespace or "", run.metadata.name
+    # Its name and content do not depend on the attempt (`build.envconfig`).
+    config = pods_env_config(run, decision.attempt or 1)
     if full or (create and not decision.replace):
         # A member replaced in its attempt finds them in place (a full cycle repairs drift).
         ordered = companions(run)
@@ -408,6 +410,9 @@ def converge(
             apply(kube, manifest)
         # A gang's Leases (one per member) and its Service depend only on the ones before.
         apply_all(kube, [m for m in ordered if m["kind"] in CONCURRENT_KINDS])
+    if full or create:
+        # Before the pods that name it; a full cycle puts back one deleted under live pods.
+        apply(kube, config)
     if decision.delete:
         log.info(
             "%s/%s: deleting pod %s (%s)",
@@ -431,8 +436,6 @@ def converge(
     if create and decision.attempt is not None:
         excluded = tuple(n.node for n in (run.status or TrainingRunStatus()).excluded_nodes)
         inputs = PodInputs(decision.attempt, excluded, settings.agent_image)
-        config = pods_env_config(run, decision.attempt)
-        apply(kube, config)
         manifests = gang_pods(run, inputs, decision.replace)
         log.info(
             "%s/%s: creating pod %s%s (%s)",
@@ -446,8 +449,7 @@ def converge(
     if decision.delete:
         dropped = {pod.name for pod in decision.delete}
         kept = [pod for pod in pods if pod.name not in dropped]
-        current = pods_env_config(run, decision.attempt or 1)["metadata"]["name"]
-        unused = envconfigs.unused(pods, kept, current)
+        unused = envconfigs.unused(pods, kept, config["metadata"]["name"])
         envconfigs.prune(kube, namespace, name or "", unused)
 
 
