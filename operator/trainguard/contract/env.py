@@ -1,13 +1,14 @@
 """The environment of a training pod's containers: every variable, one writer, one reader.
 
-The operator's pod builder writes `PodEnv.env_vars()` into every container of the pod; the
-agent, the init steps, the supervisor and the harness read `PodEnv.from_env()`. The variables
-all of a run's pods share (`PodEnv.shared_env()`: all but `MEMBER_VARIABLES` and the downward
-API's) travel in the run's env ConfigMap, which every container takes whole (`envFrom`); its
-`env` keeps the others (`trainguard.operator.build.envconfig`). The variables
-are defined here and nowhere else (a test fails when product code spells one elsewhere), and
-every default is the API's own (`trainguard.api.spec`), so a trainer run by hand and a pod
-built from an empty spec see the same values.
+The operator's pod builder writes the contract into every container of the pod; the agent,
+the init steps, the supervisor and the harness read `PodEnv.from_env()`. What all of a run's
+pods share (`PodEnv.shared_env()`: every variable but `MEMBER_VARIABLES` and the downward
+API's) travels in the run's env ConfigMap, which every container takes whole (`envFrom`); the
+container's own `env` holds the rest (`PodEnv.env_vars()`, less what the ConfigMap carries:
+`trainguard.operator.build.envconfig`). The variables are defined here and nowhere else (a
+test fails when product code spells one elsewhere), and every default is the API's own
+(`trainguard.api.spec`), so a trainer run by hand and a pod built from an empty spec see the
+same values.
 
 | variable | field | meaning |
 |---|---|---|

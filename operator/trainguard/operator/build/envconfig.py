@@ -10,8 +10,8 @@ decode in the control plane; once per run they cost nothing per pod.
 Its name carries a digest of its content (`<run>-env-<digest>`) and it is immutable: a pod
 reads its variables when a container starts, so the values a pod was built with must not
 change under it. A spec change (or an operator that renders a variable differently) makes a
-new ConfigMap; the old one is deleted once no pod that is not being deleted names it
-(`k8s.envconfigs`), and the run's deletion takes the rest (they are owned by the run).
+new ConfigMap; the old one is deleted by the cycle that deletes the last live pod naming it
+(`k8s.envconfigs`), and the run's deletion takes any left (they are owned by the run).
 """
 
 from __future__ import annotations
